@@ -1,0 +1,66 @@
+//! Actors: sans-IO state machines, and the context through which they act.
+//!
+//! An actor owns its state and handles one [`Msg`] at a time. Everything it does to the world
+//! goes through its [`Context`]: read the current time, send a message with a payload size,
+//! set a timer, start a piece of [`Work`] on its device and be told when it ends, draw from its
+//! own random stream. It never reads a clock, sleeps, spawns or touches a socket, so the same
+//! actor code runs under the deterministic simulator (`sim::host`), where the host charges
+//! each effect from the hardware model, and under a live host that performs them for real.
+
+use crate::metrics::{Completion, Report};
+use crate::model::cost::BatchShape;
+use crate::rng::Stream;
+use crate::sim::kernel::ActorId;
+use crate::units::Nanos;
+use crate::workload::ReqId;
+
+/// Every message of the system. Large payloads are boxed to keep events small.
+#[derive(Debug)]
+pub enum Msg {
+    /// Sent once by the host to every actor before anything else.
+    Start,
+    /// The router's own timer: request `ReqId` of the trace arrives now.
+    Arrival(ReqId),
+    /// Router -> instance: serve this request (payload: the prompt's token ids).
+    Submit(ReqId),
+    /// The work an actor started has finished.
+    WorkDone,
+    /// Instance -> router: the first output token of a request.
+    FirstToken(ReqId),
+    /// Instance -> router: a request generated its last token.
+    Finished(Box<Completion>),
+    /// Instance -> router: the request cannot be served (queue full, or longer than the
+    /// instance's whole KV memory).
+    Rejected(ReqId),
+}
+
+/// A piece of work an actor starts on the device it runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Work {
+    /// One forward pass of a serving instance over a batch.
+    Batch(BatchShape),
+}
+
+/// What an actor can do to the world.
+pub trait Context {
+    /// The current time.
+    fn now(&self) -> Nanos;
+    /// This actor's id.
+    fn me(&self) -> ActorId;
+    /// Sends `msg` to `to`; `payload_bytes` is what travels over the links between them.
+    fn send(&mut self, to: ActorId, msg: Msg, payload_bytes: u64);
+    /// Delivers `msg` to this actor after `after`.
+    fn timer(&mut self, after: Nanos, msg: Msg);
+    /// Starts `work` on this actor's device; `done` is delivered when it ends.
+    fn start(&mut self, work: Work, done: Msg);
+    /// This actor's own random stream.
+    fn rng(&mut self) -> &mut Stream;
+}
+
+/// A sans-IO state machine.
+pub trait Actor: Send {
+    fn handle(&mut self, msg: Msg, ctx: &mut dyn Context);
+
+    /// Adds this actor's results and invariant violations to `report` at the end of a run.
+    fn report(&self, report: &mut Report);
+}

@@ -1,0 +1,109 @@
+//! The hardware model: what a cluster is made of, and what moving bytes through it costs.
+//!
+//! A cluster is `nodes` identical nodes. Each node has `gpus_per_node` GPUs joined by NVLink,
+//! one PCIe link per GPU to host memory, NVMe drives, and `nics_per_node` network interfaces
+//! that connect it through a switched fabric to every other node. A *frontend* (where clients
+//! and the router live) hangs off the same fabric with one interface of the same kind.
+//!
+//! Every figure comes from the scenario (units in key names) and is turned into SI units
+//! here: bytes, bytes per second, FLOP/s, nanoseconds. Nothing downstream sees a string.
+//! The cost of transfers over links is modelled in [`network`]; the cost of computing on a
+//! GPU follows from [`crate::model::cost`].
+
+pub mod network;
+
+use crate::units::Nanos;
+
+/// One GPU model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuSpec {
+    pub name: String,
+    pub memory_bytes: u64,
+    /// Peak HBM bandwidth, bytes/s.
+    pub memory_bandwidth: f64,
+    /// Peak dense FLOP/s at the model's element type.
+    pub peak_flops: f64,
+    /// Fraction of peak FLOP/s that kernels achieve (0, 1].
+    pub compute_efficiency: f64,
+    /// Fraction of peak memory bandwidth that kernels achieve (0, 1].
+    pub memory_efficiency: f64,
+}
+
+/// Host memory of one node.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostSpec {
+    pub memory_bytes: u64,
+    pub memory_bandwidth: f64,
+}
+
+/// The NVMe drives of one node, striped.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SsdSpec {
+    pub drives: u32,
+    pub capacity_bytes_per_drive: u64,
+    pub read_bandwidth_per_drive: f64,
+    pub write_bandwidth_per_drive: f64,
+    pub latency: Nanos,
+}
+
+/// A point-to-point link: bandwidth in bytes/s (per direction) and one-way latency.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LinkSpec {
+    pub bandwidth: f64,
+    pub latency: Nanos,
+}
+
+/// The fabric between nodes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NetworkSpec {
+    pub nics_per_node: u32,
+    pub nic: LinkSpec,
+    pub switch_latency: Nanos,
+    pub switch_hops: u32,
+}
+
+/// A whole cluster.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HardwareSpec {
+    pub nodes: u32,
+    pub gpus_per_node: u32,
+    pub gpu: GpuSpec,
+    pub host: HostSpec,
+    pub ssd: SsdSpec,
+    pub pcie: LinkSpec,
+    pub nvlink: LinkSpec,
+    pub network: NetworkSpec,
+}
+
+impl HardwareSpec {
+    pub fn total_gpus(&self) -> u32 {
+        self.nodes * self.gpus_per_node
+    }
+
+    /// One-way latency of a message between two different nodes: leave a NIC, cross
+    /// `switch_hops` switches, enter a NIC.
+    pub fn inter_node_latency(&self) -> Nanos {
+        let n = &self.network;
+        Nanos(2 * n.nic.latency.0 + n.switch_hops as u64 * n.switch_latency.0)
+    }
+}
+
+/// Where an actor runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// The frontend host that runs clients and the router.
+    Frontend,
+    /// The host CPU of a node.
+    Host { node: u32 },
+    /// A GPU (the first of a tensor-parallel group).
+    Gpu { node: u32, gpu: u32 },
+}
+
+impl Place {
+    pub fn node(self) -> Option<u32> {
+        match self {
+            Place::Frontend => None,
+            Place::Host { node } | Place::Gpu { node, .. } => Some(node),
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! Transfers over links, with contention.
+//!
+//! **Model: FIFO cut-through reservation.** Every directed link (a NIC's transmit or receive
+//! side, a GPU's PCIe link, a GPU's NVLink port) has a time `free_at` until which it is busy.
+//! A transfer of `b` bytes over a path of links starts at
+//! `start = max(now, free_at of every link on the path)`, occupies every link of the path for
+//! `b / min(bandwidth)` (the bottleneck serialises it), and arrives
+//! `latency(path)` after its last byte leaves: `arrival = start + b / bw_min + latency`.
+//! Each link's `free_at` becomes `start + b / bw_min`.
+//!
+//! Why FIFO rather than fair sharing: a NIC serves RDMA work requests from its send queue in
+//! order, and bulk transfers (KV prefixes of megabytes) are what contend; FIFO gives each
+//! transfer a completion time at the moment it is issued, in O(path length), without
+//! rescheduling other transfers' completion events as processor sharing would, and it keeps
+//! the total throughput of a link exactly at its bandwidth. What it ignores: a small transfer
+//! cannot overtake a large one already queued (fair sharing would let it finish earlier), and a
+//! link reserved for a transfer waits idle while another link of the path is still busy.
+//!
+//! Control messages between the frontend and a node terminate at the node's host CPU: they
+//! cross both NICs and the fabric but not PCIe.
+
+use super::{HardwareSpec, Place};
+use crate::units::Nanos;
+
+#[derive(Clone, Copy, Debug)]
+struct Link {
+    bandwidth: f64,
+    free_at: Nanos,
+    bytes: u64,
+}
+
+/// Byte counters per kind of link, for results.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LinkBytes {
+    pub network: u64,
+    pub pcie: u64,
+    pub nvlink: u64,
+}
+
+/// The state of every link of a cluster.
+#[derive(Debug)]
+pub struct Network {
+    spec: HardwareSpec,
+    links: Vec<Link>,
+    totals: LinkBytes,
+}
+
+#[derive(Clone, Copy)]
+enum Dir {
+    Tx = 0,
+    Rx = 1,
+}
+
+impl Network {
+    pub fn new(spec: &HardwareSpec) -> Network {
+        let nics = spec.network.nics_per_node as usize;
+        let gpus = spec.total_gpus() as usize;
+        // Layout: [node NICs tx/rx][frontend NIC tx/rx][GPU PCIe tx/rx][GPU NVLink tx/rx].
+        let mut links = Vec::with_capacity(2 * (spec.nodes as usize * nics + 1 + 2 * gpus));
+        let nic = Link {
+            bandwidth: spec.network.nic.bandwidth,
+            free_at: Nanos::ZERO,
+            bytes: 0,
+        };
+        links.resize(2 * (spec.nodes as usize * nics + 1), nic);
+        let pcie = Link {
+            bandwidth: spec.pcie.bandwidth,
+            ..nic
+        };
+        links.resize(links.len() + 2 * gpus, pcie);
+        let nvlink = Link {
+            bandwidth: spec.nvlink.bandwidth,
+            ..nic
+        };
+        links.resize(links.len() + 2 * gpus, nvlink);
+        Network {
+            spec: spec.clone(),
+            links,
+            totals: LinkBytes::default(),
+        }
+    }
+
+    fn nic_link(&self, place: Place, dir: Dir) -> usize {
+        let nics = self.spec.network.nics_per_node;
+        let nic_index = match place {
+            Place::Frontend => self.spec.nodes * nics,
+            Place::Host { node } => node * nics,
+            // GPU g of a node uses NIC g mod nics (Polaris: GPUs 0,2 on NIC 0; 1,3 on NIC 1).
+            Place::Gpu { node, gpu } => node * nics + gpu % nics,
+        };
+        2 * nic_index as usize + dir as usize
+    }
+
+    fn gpu_link(&self, node: u32, gpu: u32, base: usize, dir: Dir) -> usize {
+        let g = (node * self.spec.gpus_per_node + gpu) as usize;
+        base + 2 * g + dir as usize
+    }
+
+    fn pcie_base(&self) -> usize {
+        2 * (self.spec.nodes as usize * self.spec.network.nics_per_node as usize + 1)
+    }
+
+    fn nvlink_base(&self) -> usize {
+        self.pcie_base() + 2 * self.spec.total_gpus() as usize
+    }
+
+    /// Moves `bytes` from `from` to `to`, starting no earlier than `now`; returns the arrival
+    /// time of the last byte.
+    pub fn transfer(&mut self, now: Nanos, from: Place, to: Place, bytes: u64) -> Nanos {
+        let path: [usize; 2];
+        let latency;
+        let kind;
+        match (from.node(), to.node()) {
+            (a, b) if a != b => {
+                path = [self.nic_link(from, Dir::Tx), self.nic_link(to, Dir::Rx)];
+                latency = self.spec.inter_node_latency();
+                kind = 0;
+            }
+            _ => match (from, to) {
+                (Place::Gpu { node, gpu: g1 }, Place::Gpu { gpu: g2, .. }) if g1 != g2 => {
+                    let base = self.nvlink_base();
+                    path = [
+                        self.gpu_link(node, g1, base, Dir::Tx),
+                        self.gpu_link(node, g2, base, Dir::Rx),
+                    ];
+                    latency = self.spec.nvlink.latency;
+                    kind = 2;
+                }
+                (Place::Gpu { node, gpu }, Place::Host { .. }) => {
+                    let l = self.gpu_link(node, gpu, self.pcie_base(), Dir::Tx);
+                    path = [l, l];
+                    latency = self.spec.pcie.latency;
+                    kind = 1;
+                }
+                (Place::Host { .. }, Place::Gpu { node, gpu }) => {
+                    let l = self.gpu_link(node, gpu, self.pcie_base(), Dir::Rx);
+                    path = [l, l];
+                    latency = self.spec.pcie.latency;
+                    kind = 1;
+                }
+                // Same place: delivered in memory, at once.
+                _ => return now,
+            },
+        }
+        let bandwidth = self.links[path[0]]
+            .bandwidth
+            .min(self.links[path[1]].bandwidth);
+        let start = now
+            .max(self.links[path[0]].free_at)
+            .max(self.links[path[1]].free_at);
+        let done = start + Nanos::for_bytes(bytes, bandwidth);
+        for &l in &path[..if path[0] == path[1] { 1 } else { 2 }] {
+            self.links[l].free_at = done;
+            self.links[l].bytes += bytes;
+        }
+        match kind {
+            0 => self.totals.network += bytes,
+            1 => self.totals.pcie += bytes,
+            _ => self.totals.nvlink += bytes,
+        }
+        done + latency
+    }
+
+    pub fn totals(&self) -> LinkBytes {
+        self.totals
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hardware::*;
+
+    pub(crate) fn small_cluster() -> HardwareSpec {
+        HardwareSpec {
+            nodes: 2,
+            gpus_per_node: 2,
+            gpu: GpuSpec {
+                name: "test".into(),
+                memory_bytes: 16 << 30,
+                memory_bandwidth: 1e12,
+                peak_flops: 1e14,
+                compute_efficiency: 1.0,
+                memory_efficiency: 1.0,
+            },
+            host: HostSpec {
+                memory_bytes: 64 << 30,
+                memory_bandwidth: 1e11,
+            },
+            ssd: SsdSpec {
+                drives: 1,
+                capacity_bytes_per_drive: 1 << 40,
+                read_bandwidth_per_drive: 1e9,
+                write_bandwidth_per_drive: 1e9,
+                latency: Nanos(10_000),
+            },
+            pcie: LinkSpec {
+                bandwidth: 1e10,
+                latency: Nanos(1_000),
+            },
+            nvlink: LinkSpec {
+                bandwidth: 1e11,
+                latency: Nanos(500),
+            },
+            network: NetworkSpec {
+                nics_per_node: 1,
+                nic: LinkSpec {
+                    bandwidth: 1e9,
+                    latency: Nanos(1_000),
+                },
+                switch_latency: Nanos(100),
+                switch_hops: 3,
+            },
+        }
+    }
+
+    #[test]
+    fn a_transfer_costs_bytes_over_bandwidth_plus_path_latency() {
+        let mut net = Network::new(&small_cluster());
+        // 1 MB at 1 GB/s = 1 ms; latency 2 x 1 us + 3 x 100 ns.
+        let t = net.transfer(
+            Nanos(0),
+            Place::Frontend,
+            Place::Host { node: 1 },
+            1_000_000,
+        );
+        assert_eq!(t, Nanos(1_000_000 + 2_300));
+    }
+
+    #[test]
+    fn transfers_sharing_a_link_queue_behind_each_other() {
+        let mut net = Network::new(&small_cluster());
+        let a = net.transfer(
+            Nanos(0),
+            Place::Host { node: 0 },
+            Place::Host { node: 1 },
+            1_000_000,
+        );
+        // Same receiving NIC: waits for the first to finish serialising.
+        let b = net.transfer(
+            Nanos(0),
+            Place::Frontend,
+            Place::Host { node: 1 },
+            1_000_000,
+        );
+        assert_eq!(b - a, Nanos(1_000_000));
+        // Links in the other direction are free: no wait.
+        let c = net.transfer(
+            Nanos(0),
+            Place::Host { node: 1 },
+            Place::Host { node: 0 },
+            1_000,
+        );
+        assert_eq!(c, Nanos(1_000 + 2_300));
+        // The frontend's transmit side is busy with `b` until 2 ms.
+        let d = net.transfer(Nanos(0), Place::Frontend, Place::Host { node: 0 }, 1_000);
+        assert_eq!(d, Nanos(2_000_000 + 1_000 + 2_300));
+        assert_eq!(net.totals().network, 2_002_000);
+    }
+
+    #[test]
+    fn same_place_is_free_and_intra_node_uses_nvlink_or_pcie() {
+        let mut net = Network::new(&small_cluster());
+        let g0 = Place::Gpu { node: 0, gpu: 0 };
+        let g1 = Place::Gpu { node: 0, gpu: 1 };
+        assert_eq!(net.transfer(Nanos(5), g0, g0, 1 << 20), Nanos(5));
+        assert_eq!(
+            net.transfer(Nanos(0), g0, g1, 100_000_000),
+            Nanos(1_000_000 + 500)
+        );
+        assert_eq!(
+            net.transfer(Nanos(0), Place::Host { node: 0 }, g1, 10_000_000),
+            Nanos(1_000_000 + 1_000)
+        );
+        assert_eq!(net.totals().nvlink, 100_000_000);
+        assert_eq!(net.totals().pcie, 10_000_000);
+    }
+}

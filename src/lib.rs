@@ -1,0 +1,27 @@
+//! meshsim: how much time does reusing KV-cache prefixes across the nodes of a GPU cluster
+//! save, under which policy, on which hardware and workload?
+//!
+//! The crate models a cluster serving LLM requests as sans-IO actors ([`actor`]) run by a
+//! deterministic discrete-event host ([`sim`]) that charges every effect from a hardware model
+//! ([`hardware`], [`model::cost`]). A [`scenario::Scenario`] (one TOML file) fixes hardware,
+//! model, serving, workload, policies and limits; [`run`] simulates each policy on the same
+//! generated trace and writes per-request and per-policy CSV ([`metrics`]).
+
+pub mod actor;
+pub mod hardware;
+pub mod hash;
+pub mod metrics;
+pub mod model;
+pub mod policy;
+pub mod rng;
+pub mod run;
+pub mod scenario;
+pub mod serving;
+pub mod sim;
+pub mod units;
+pub mod workload;
+
+pub use policy::{Policy, PolicyKind, Tier};
+pub use scenario::{Scenario, ScenarioError};
+pub use sim::kernel::SimError;
+pub use units::Nanos;

@@ -1,0 +1,201 @@
+//! The `meshsim` command line.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::{Parser, Subcommand};
+use meshsim::scenario::Scenario;
+use meshsim::units::GIB;
+
+#[derive(Parser)]
+#[command(
+    name = "meshsim",
+    version,
+    about = "Simulates KV-cache prefix reuse on GPU clusters"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Simulate every policy of a scenario and write results/<name>/.
+    Run {
+        /// The scenario file (TOML).
+        scenario: PathBuf,
+        /// Override the scenario's seed.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Write results into this folder instead of results/<name>/.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Threads for running policies in parallel (default: available cores).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Print only errors.
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// Validate a scenario and print what it derives, without running it.
+    Check {
+        /// The scenario file (TOML).
+        scenario: PathBuf,
+    },
+}
+
+/// Exit status for bad input (scenario files, arguments).
+const EXIT_BAD_INPUT: u8 = 2;
+/// Exit status for a simulation that broke a limit or an invariant, or for I/O failures.
+const EXIT_FAILED: u8 = 1;
+
+fn describe(s: &Scenario) {
+    let inst = s.serving.instance;
+    let kv_tok = s.model.kv_bytes_per_token();
+    println!("scenario {} (seed {})", s.name, s.seed);
+    println!(
+        "  hardware: {} nodes x {} {} = {} GPUs; {} serving instances (tensor parallel {})",
+        s.hardware.nodes,
+        s.hardware.gpus_per_node,
+        s.hardware.gpu.name,
+        s.hardware.total_gpus(),
+        s.instances(),
+        s.serving.tensor_parallel
+    );
+    println!(
+        "  model: {} ({:.2} GiB of weights, {} KiB of KV per token)",
+        s.model.name,
+        s.model.weight_bytes() as f64 / GIB as f64,
+        kv_tok / 1024
+    );
+    println!(
+        "  KV memory per instance: {} blocks of {} tokens = {} tokens ({:.2} GiB)",
+        inst.num_blocks,
+        inst.block_size,
+        inst.num_blocks as u64 * inst.block_size as u64,
+        (inst.num_blocks as u64 * inst.block_size as u64 * kv_tok) as f64 / GIB as f64
+    );
+    println!(
+        "  workload: {} requests at {} /s; policies: {}",
+        s.workload.requests,
+        s.workload.arrival_rate_per_s,
+        s.policies
+            .iter()
+            .map(|p| p.name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+}
+
+fn run(
+    scenario: &Path,
+    seed: Option<u64>,
+    out: Option<PathBuf>,
+    threads: Option<usize>,
+    quiet: bool,
+) -> ExitCode {
+    let mut s = match Scenario::load(scenario) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_BAD_INPUT);
+        }
+    };
+    if let Some(seed) = seed {
+        s.seed = seed;
+    }
+    if !quiet {
+        describe(&s);
+    }
+    let started = Instant::now();
+    let trace = Arc::new(meshsim::run::trace(&s));
+    if !quiet {
+        println!(
+            "  trace: {} requests over {} contexts, mean prompt {:.0} tokens, generated in {:.2} s",
+            trace.requests.len(),
+            trace.contexts,
+            trace.mean_prompt_tokens(),
+            started.elapsed().as_secs_f64()
+        );
+    }
+    let threads =
+        threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let runs = match meshsim::run::simulate_all(&s, trace, threads) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            eprintln!(
+                "reproduce with: meshsim run {} --seed {}",
+                scenario.display(),
+                s.seed
+            );
+            return ExitCode::from(EXIT_FAILED);
+        }
+    };
+    let dir = out.unwrap_or_else(|| Path::new("results").join(&s.name));
+    if let Err(e) = meshsim::run::write_results(&s, &runs, &dir) {
+        eprintln!("error: cannot write results to {}: {e}", dir.display());
+        return ExitCode::from(EXIT_FAILED);
+    }
+    if !quiet {
+        let mut events = 0;
+        for r in &runs {
+            let sm = &r.summary;
+            events += sm.events;
+            println!(
+                "  {:<13} TTFT p50 {:>9.1} ms  p99 {:>9.1} ms | TPOT p50 {:>6.1} ms | hit {:>5.1}% | {:>9} events in {:.2} s ({:.2} M events/s)",
+                sm.policy,
+                sm.ttft.p50,
+                sm.ttft.p99,
+                sm.tpot.p50,
+                100.0 * sm.prefix_hit_ratio,
+                sm.events,
+                r.wall.as_secs_f64(),
+                sm.events as f64 / r.wall.as_secs_f64().max(1e-9) / 1e6
+            );
+        }
+        let wall = started.elapsed().as_secs_f64();
+        println!(
+            "  {events} events processed, {:.2} M events/s overall, wall time {wall:.2} s; results in {}",
+            events as f64 / wall / 1e6,
+            dir.display()
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(EXIT_BAD_INPUT)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    match cli.command {
+        Command::Run {
+            scenario,
+            seed,
+            out,
+            threads,
+            quiet,
+        } => run(&scenario, seed, out, threads, quiet),
+        Command::Check { scenario } => match Scenario::load(&scenario) {
+            Ok(s) => {
+                describe(&s);
+                println!("ok");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(EXIT_BAD_INPUT)
+            }
+        },
+    }
+}

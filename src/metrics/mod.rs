@@ -1,0 +1,248 @@
+//! Metrics, defined once and written the same way by every host (DESIGN contract 7).
+//!
+//! Per request (times measured at the router, i.e. as the client sees them):
+//!
+//! * `queue   = admitted - arrival` (first admission into a running batch)
+//! * `ttft    = first_token - arrival`
+//! * `tpot    = (end - first_token) / (output_tokens - 1)`, undefined for one-token outputs
+//! * `e2e     = end - arrival`
+//! * `reused_<tier>_tokens`: prompt tokens whose KV came from that tier instead of being
+//!   computed, at the request's first admission
+//! * `network_bytes`: bytes of the request and its response on the network (token ids)
+//!
+//! Per policy, over completed requests: mean and nearest-rank percentiles
+//! (`p_q = sorted[ceil(q/100 x n) - 1]`) of TTFT, TPOT, E2E and queueing delay;
+//! `duration = last end - first arrival`; throughput `completed / duration` and
+//! `output tokens / duration`; prefix-hit ratio `sum reused tokens / sum prompt tokens`.
+
+pub mod write;
+
+use crate::policy::Tier;
+use crate::serving::instance::InstanceStats;
+use crate::units::Nanos;
+use crate::workload::{ReqId, Request};
+
+/// What an instance reports when a request ends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Completion {
+    pub req: ReqId,
+    pub instance: u32,
+    pub admitted_at: Nanos,
+    pub reused: [u32; Tier::ALL.len()],
+    pub preemptions: u32,
+}
+
+/// Everything recorded about one request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestRecord {
+    pub id: u32,
+    pub arrival: Nanos,
+    pub instance: u32,
+    pub prompt_tokens: u32,
+    pub output_tokens: u32,
+    pub admitted: Option<Nanos>,
+    pub first_token: Option<Nanos>,
+    pub end: Option<Nanos>,
+    pub reused: [u32; Tier::ALL.len()],
+    pub preemptions: u32,
+    pub network_bytes: u64,
+    pub rejected: bool,
+}
+
+impl RequestRecord {
+    pub fn new(id: ReqId, r: &Request) -> RequestRecord {
+        RequestRecord {
+            id: id.0,
+            arrival: r.arrival,
+            instance: u32::MAX,
+            prompt_tokens: r.prompt_tokens,
+            output_tokens: r.output_tokens,
+            admitted: None,
+            first_token: None,
+            end: None,
+            reused: [0; Tier::ALL.len()],
+            preemptions: 0,
+            network_bytes: 0,
+            rejected: false,
+        }
+    }
+
+    pub fn completed(&self) -> bool {
+        self.end.is_some()
+    }
+    pub fn queue(&self) -> Option<Nanos> {
+        Some(self.admitted? - self.arrival)
+    }
+    pub fn ttft(&self) -> Option<Nanos> {
+        Some(self.first_token? - self.arrival)
+    }
+    pub fn tpot(&self) -> Option<Nanos> {
+        if self.output_tokens < 2 {
+            return None;
+        }
+        Some(Nanos(
+            (self.end? - self.first_token?).0 / (self.output_tokens as u64 - 1),
+        ))
+    }
+    pub fn e2e(&self) -> Option<Nanos> {
+        Some(self.end? - self.arrival)
+    }
+    pub fn reused_tokens(&self) -> u64 {
+        self.reused.iter().map(|&t| t as u64).sum()
+    }
+}
+
+/// What the actors of one run report at its end.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    pub records: Vec<RequestRecord>,
+    pub instances: Vec<InstanceStats>,
+    /// Broken invariants; a run with any is an error.
+    pub violations: Vec<String>,
+}
+
+/// Mean and percentiles of a set of durations, in milliseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Dist {
+    pub mean: f64,
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+}
+
+impl Dist {
+    pub fn of(mut v: Vec<Nanos>) -> Dist {
+        if v.is_empty() {
+            return Dist::default();
+        }
+        v.sort_unstable();
+        let n = v.len();
+        let pct = |q: f64| v[((q / 100.0 * n as f64).ceil() as usize).clamp(1, n) - 1].as_ms_f64();
+        Dist {
+            mean: v.iter().map(|d| d.0 as f64).sum::<f64>() / n as f64 / 1e6,
+            p50: pct(50.0),
+            p90: pct(90.0),
+            p99: pct(99.0),
+        }
+    }
+}
+
+/// The summary of one policy's run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Summary {
+    pub policy: String,
+    pub requests: u64,
+    pub completed: u64,
+    pub rejected: u64,
+    pub duration: Nanos,
+    pub throughput_rps: f64,
+    pub output_tokens_per_s: f64,
+    pub ttft: Dist,
+    pub tpot: Dist,
+    pub e2e: Dist,
+    pub queue: Dist,
+    pub prefix_hit_ratio: f64,
+    pub reused_tokens: [u64; Tier::ALL.len()],
+    pub prompt_tokens: u64,
+    pub preemptions: u64,
+    pub gpu_block_evictions: u64,
+    pub gpu_busy_ratio: f64,
+    pub network_bytes: u64,
+    pub events: u64,
+}
+
+impl Summary {
+    pub fn new(policy: &str, report: &Report, events: u64) -> Summary {
+        let done: Vec<&RequestRecord> = report.records.iter().filter(|r| r.completed()).collect();
+        let first_arrival = report.records.iter().map(|r| r.arrival).min();
+        let last_end = done.iter().filter_map(|r| r.end).max();
+        let duration = match (first_arrival, last_end) {
+            (Some(a), Some(e)) => e - a,
+            _ => Nanos::ZERO,
+        };
+        let secs = duration.as_secs_f64();
+        let per_s = |x: f64| if secs > 0.0 { x / secs } else { 0.0 };
+        let dist = |f: fn(&RequestRecord) -> Option<Nanos>| {
+            Dist::of(done.iter().filter_map(|r| f(r)).collect())
+        };
+        let mut reused_tokens = [0u64; Tier::ALL.len()];
+        for r in &done {
+            for (t, &n) in reused_tokens.iter_mut().zip(&r.reused) {
+                *t += n as u64;
+            }
+        }
+        let prompt_tokens: u64 = done.iter().map(|r| r.prompt_tokens as u64).sum();
+        let output_tokens: u64 = done.iter().map(|r| r.output_tokens as u64).sum();
+        let busy: u64 = report.instances.iter().map(|s| s.busy.0).sum();
+        let capacity = duration.0 as f64 * report.instances.len() as f64;
+        Summary {
+            policy: policy.to_string(),
+            requests: report.records.len() as u64,
+            completed: done.len() as u64,
+            rejected: report.records.iter().filter(|r| r.rejected).count() as u64,
+            duration,
+            throughput_rps: per_s(done.len() as f64),
+            output_tokens_per_s: per_s(output_tokens as f64),
+            ttft: dist(RequestRecord::ttft),
+            tpot: dist(RequestRecord::tpot),
+            e2e: dist(RequestRecord::e2e),
+            queue: dist(RequestRecord::queue),
+            prefix_hit_ratio: if prompt_tokens > 0 {
+                reused_tokens.iter().sum::<u64>() as f64 / prompt_tokens as f64
+            } else {
+                0.0
+            },
+            reused_tokens,
+            prompt_tokens,
+            preemptions: report.instances.iter().map(|s| s.preemptions).sum(),
+            gpu_block_evictions: report.instances.iter().map(|s| s.pool.evictions).sum(),
+            gpu_busy_ratio: if capacity > 0.0 {
+                busy as f64 / capacity
+            } else {
+                0.0
+            },
+            network_bytes: report.records.iter().map(|r| r.network_bytes).sum(),
+            events,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let v: Vec<Nanos> = (1..=100).map(|i| Nanos(i * 1_000_000)).collect();
+        let d = Dist::of(v);
+        assert_eq!((d.p50, d.p90, d.p99), (50.0, 90.0, 99.0));
+        assert_eq!(d.mean, 50.5);
+        let one = Dist::of(vec![Nanos(3_000_000)]);
+        assert_eq!((one.p50, one.p99, one.mean), (3.0, 3.0, 3.0));
+        assert_eq!(Dist::of(vec![]), Dist::default());
+    }
+
+    #[test]
+    fn tpot_spreads_the_decode_time_over_the_tokens_after_the_first() {
+        let mut r = RequestRecord {
+            id: 0,
+            arrival: Nanos(100),
+            instance: 0,
+            prompt_tokens: 10,
+            output_tokens: 5,
+            admitted: Some(Nanos(150)),
+            first_token: Some(Nanos(1_100)),
+            end: Some(Nanos(5_100)),
+            reused: [0; 5],
+            preemptions: 0,
+            network_bytes: 0,
+            rejected: false,
+        };
+        assert_eq!(r.ttft(), Some(Nanos(1_000)));
+        assert_eq!(r.tpot(), Some(Nanos(1_000)));
+        assert_eq!(r.e2e(), Some(Nanos(5_000)));
+        assert_eq!(r.queue(), Some(Nanos(50)));
+        r.output_tokens = 1;
+        assert_eq!(r.tpot(), None);
+    }
+}

@@ -1,0 +1,173 @@
+//! CSV files of results: `requests.csv` (one row per request and policy) and `summary.csv`
+//! (one row per policy). Columns are fixed and documented in the README; numbers are written
+//! with fixed precision so that the same run always gives the same bytes.
+
+use std::io::Write;
+
+use super::{RequestRecord, Summary};
+use crate::policy::Tier;
+
+fn opt(v: Option<crate::units::Nanos>) -> String {
+    v.map(|n| n.0.to_string()).unwrap_or_default()
+}
+
+fn f3(x: f64) -> String {
+    format!("{x:.3}")
+}
+
+/// The header of `requests.csv`.
+pub fn request_header() -> Vec<String> {
+    let mut h: Vec<String> = [
+        "policy",
+        "request",
+        "arrival_ns",
+        "instance",
+        "status",
+        "prompt_tokens",
+        "output_tokens",
+        "reused_tokens",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    h.extend(
+        Tier::ALL
+            .iter()
+            .map(|t| format!("reused_{}_tokens", t.name())),
+    );
+    h.extend(
+        [
+            "queue_ns",
+            "ttft_ns",
+            "tpot_ns",
+            "e2e_ns",
+            "preemptions",
+            "network_bytes",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    h
+}
+
+/// Writes `requests.csv` rows for the policies' records, in the given order.
+pub fn write_requests<W: Write>(
+    out: W,
+    runs: &[(&str, &[RequestRecord])],
+) -> Result<(), csv::Error> {
+    let mut w = csv::Writer::from_writer(out);
+    w.write_record(request_header())?;
+    for (policy, records) in runs {
+        for r in records.iter() {
+            let status = if r.rejected {
+                "rejected"
+            } else if r.completed() {
+                "ok"
+            } else {
+                "unfinished"
+            };
+            let mut row = vec![
+                policy.to_string(),
+                r.id.to_string(),
+                r.arrival.0.to_string(),
+                if r.instance == u32::MAX {
+                    String::new()
+                } else {
+                    r.instance.to_string()
+                },
+                status.to_string(),
+                r.prompt_tokens.to_string(),
+                r.output_tokens.to_string(),
+                r.reused_tokens().to_string(),
+            ];
+            row.extend(r.reused.iter().map(|t| t.to_string()));
+            row.extend([
+                opt(r.queue()),
+                opt(r.ttft()),
+                opt(r.tpot()),
+                opt(r.e2e()),
+                r.preemptions.to_string(),
+                r.network_bytes.to_string(),
+            ]);
+            w.write_record(&row)?;
+        }
+    }
+    w.flush()?;
+    Ok(())
+}
+
+/// The header of `summary.csv`.
+pub fn summary_header() -> Vec<String> {
+    let mut h: Vec<String> = [
+        "policy",
+        "requests",
+        "completed",
+        "rejected",
+        "duration_s",
+        "throughput_rps",
+        "output_tokens_per_s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    for m in ["ttft", "tpot", "e2e", "queue"] {
+        for s in ["mean", "p50", "p90", "p99"] {
+            h.push(format!("{m}_{s}_ms"));
+        }
+    }
+    h.extend(
+        ["prefix_hit_ratio", "prompt_tokens"]
+            .iter()
+            .map(|s| s.to_string()),
+    );
+    h.extend(
+        Tier::ALL
+            .iter()
+            .map(|t| format!("reused_{}_tokens", t.name())),
+    );
+    h.extend(
+        [
+            "preemptions",
+            "gpu_block_evictions",
+            "gpu_busy_ratio",
+            "network_bytes",
+            "events",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    h
+}
+
+/// Writes `summary.csv` with one row per summary.
+pub fn write_summary<W: Write>(out: W, summaries: &[Summary]) -> Result<(), csv::Error> {
+    let mut w = csv::Writer::from_writer(out);
+    w.write_record(summary_header())?;
+    for s in summaries {
+        let mut row = vec![
+            s.policy.clone(),
+            s.requests.to_string(),
+            s.completed.to_string(),
+            s.rejected.to_string(),
+            format!("{:.6}", s.duration.as_secs_f64()),
+            f3(s.throughput_rps),
+            f3(s.output_tokens_per_s),
+        ];
+        for d in [s.ttft, s.tpot, s.e2e, s.queue] {
+            row.extend([f3(d.mean), f3(d.p50), f3(d.p90), f3(d.p99)]);
+        }
+        row.push(format!("{:.6}", s.prefix_hit_ratio));
+        row.push(s.prompt_tokens.to_string());
+        row.extend(s.reused_tokens.iter().map(|t| t.to_string()));
+        row.extend([
+            s.preemptions.to_string(),
+            s.gpu_block_evictions.to_string(),
+            format!("{:.6}", s.gpu_busy_ratio),
+            s.network_bytes.to_string(),
+            s.events.to_string(),
+        ]);
+        w.write_record(&row)?;
+    }
+    w.flush()?;
+    Ok(())
+}

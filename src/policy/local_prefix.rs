@@ -1,0 +1,27 @@
+//! `local-prefix`: vLLM-style automatic prefix caching inside each serving instance.
+//!
+//! A prompt is cut into blocks of `block_size_tokens` (16 by default); a *full* block is
+//! identified by the chained hash of its parent block's hash and its own token ids
+//! ([`crate::hash::block_hash`]), so equal hashes mean equal prefixes. When a request is
+//! admitted, the instance reuses the longest run of leading blocks whose hashes it holds
+//! (recomputing at least the prompt's last token, which must produce logits). Blocks no running
+//! request references stay indexed in the free pool and are evicted least recently used first
+//! when a new block is needed; the capacity is therefore the instance's free KV memory. Only
+//! the instance's own GPU is searched: instances do not share blocks.
+
+use super::{Policy, Tier};
+
+#[derive(Debug, Clone, Copy)]
+pub struct LocalPrefix;
+
+impl Policy for LocalPrefix {
+    fn name(&self) -> &'static str {
+        "local-prefix"
+    }
+    fn lookup_tiers(&self) -> &'static [Tier] {
+        &[Tier::Gpu]
+    }
+    fn keep_gpu_blocks(&self) -> bool {
+        true
+    }
+}

@@ -1,0 +1,83 @@
+//! Prefix-reuse policies: small strategies behind one narrow trait (DESIGN contract 5).
+//!
+//! A policy says where a request looks for the KV of its prompt's prefix, and what is kept
+//! for later requests. The serving instance asks its policy and does the rest (allocation,
+//! scheduling, eviction mechanics), so adding a policy is one new file here plus its name in
+//! [`PolicyKind`].
+
+mod local_prefix;
+mod vanilla;
+
+pub use local_prefix::LocalPrefix;
+pub use vanilla::Vanilla;
+
+use std::fmt;
+
+/// Where reused prefix tokens come from. Columns of the results follow this order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Tier {
+    /// The serving instance's own GPU memory.
+    Gpu = 0,
+    /// Host memory of the instance's node.
+    LocalHost = 1,
+    /// NVMe SSD of the instance's node.
+    LocalSsd = 2,
+    /// Host memory of another node.
+    RemoteHost = 3,
+    /// NVMe SSD of another node.
+    RemoteSsd = 4,
+}
+
+impl Tier {
+    pub const ALL: [Tier; 5] = [
+        Tier::Gpu,
+        Tier::LocalHost,
+        Tier::LocalSsd,
+        Tier::RemoteHost,
+        Tier::RemoteSsd,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Gpu => "gpu",
+            Tier::LocalHost => "local_host",
+            Tier::LocalSsd => "local_ssd",
+            Tier::RemoteHost => "remote_host",
+            Tier::RemoteSsd => "remote_ssd",
+        }
+    }
+}
+
+/// A prefix-reuse policy.
+pub trait Policy: Send + Sync + fmt::Debug {
+    /// The name used in scenarios and results.
+    fn name(&self) -> &'static str;
+
+    /// Where a request looks for its prefix, in order.
+    fn lookup_tiers(&self) -> &'static [Tier];
+
+    /// Whether full prompt blocks stay in GPU memory, indexed by their hash, once no running
+    /// request uses them (until evicted least recently used first).
+    fn keep_gpu_blocks(&self) -> bool;
+}
+
+/// The policies a scenario can name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyKind {
+    Vanilla,
+    LocalPrefix,
+}
+
+impl PolicyKind {
+    pub fn build(self) -> Box<dyn Policy> {
+        match self {
+            PolicyKind::Vanilla => Box::new(Vanilla),
+            PolicyKind::LocalPrefix => Box::new(LocalPrefix),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        self.build().name()
+    }
+}

@@ -1,0 +1,477 @@
+//! Scenarios: one TOML file describes a whole experiment (hardware, model, serving, workload,
+//! policies, limits). It is parsed once into typed, validated values ("parse, don't
+//! validate"); nothing downstream sees a string or re-checks a number.
+//!
+//! Errors name the file, the key path (`hardware.gpu.memory_gib`) and what was expected; a
+//! syntax error also gives the line and column. Unknown keys are errors, so a misspelt key or
+//! a key with the wrong unit (`memory_gb` for `memory_gib`) is caught, not ignored.
+
+mod raw;
+
+use std::fmt;
+use std::path::Path;
+
+use crate::hardware::{GpuSpec, HardwareSpec, HostSpec, LinkSpec, NetworkSpec, Place, SsdSpec};
+use crate::model::ModelConfig;
+use crate::model::cost::CostModel;
+use crate::policy::PolicyKind;
+use crate::serving::instance::InstanceConfig;
+use crate::serving::router::RouterStrategy;
+use crate::sim::kernel::Limits;
+use crate::units::{GB, GIB, Nanos};
+use crate::workload::qa::{ContextMode, Dataset, Order, OutputDist, QaWorkload};
+use raw::*;
+
+/// A scenario that cannot be used, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScenarioError {
+    pub file: String,
+    /// Dotted key path, empty for errors about the whole file.
+    pub key: String,
+    pub message: String,
+    pub line_col: Option<(usize, usize)>,
+}
+
+impl fmt::Display for ScenarioError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file)?;
+        if let Some((l, c)) = self.line_col {
+            write!(f, ":{l}:{c}")?;
+        }
+        if !self.key.is_empty() {
+            write!(f, ": {}", self.key)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for ScenarioError {}
+
+/// Serving parameters, validated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Serving {
+    pub tensor_parallel: u32,
+    pub router: RouterStrategy,
+    pub instance: InstanceConfig,
+    pub iteration_overhead: Nanos,
+}
+
+/// A validated scenario.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub name: String,
+    /// The file's exact text, copied into the results.
+    pub text: String,
+    pub seed: u64,
+    pub policies: Vec<PolicyKind>,
+    pub hardware: HardwareSpec,
+    pub model: ModelConfig,
+    pub serving: Serving,
+    pub workload: QaWorkload,
+    pub limits: Limits,
+}
+
+/// Largest number of requests a scenario may ask for.
+pub const MAX_REQUESTS: u32 = 10_000_000;
+/// Largest number of tokens of a context window or an output.
+pub const MAX_TOKENS: u32 = 1 << 20;
+/// Largest cluster.
+pub const MAX_GPUS: u32 = 65_536;
+
+struct Check<'a> {
+    file: &'a str,
+}
+
+impl Check<'_> {
+    fn err(&self, key: &str, message: impl Into<String>) -> ScenarioError {
+        ScenarioError {
+            file: self.file.to_string(),
+            key: key.to_string(),
+            message: message.into(),
+            line_col: None,
+        }
+    }
+
+    fn positive(&self, key: &str, v: f64) -> Result<f64, ScenarioError> {
+        if v.is_finite() && v > 0.0 {
+            Ok(v)
+        } else {
+            Err(self.err(key, format!("expected a positive number, found {v}")))
+        }
+    }
+
+    fn fraction(&self, key: &str, v: f64) -> Result<f64, ScenarioError> {
+        if v.is_finite() && v > 0.0 && v <= 1.0 {
+            Ok(v)
+        } else {
+            Err(self.err(key, format!("expected a fraction in (0, 1], found {v}")))
+        }
+    }
+
+    fn count(&self, key: &str, v: u32, max: u32) -> Result<u32, ScenarioError> {
+        if (1..=max).contains(&v) {
+            Ok(v)
+        } else {
+            Err(self.err(
+                key,
+                format!("expected an integer from 1 to {max}, found {v}"),
+            ))
+        }
+    }
+
+    fn link(&self, key: &str, l: &RawLink) -> Result<LinkSpec, ScenarioError> {
+        Ok(LinkSpec {
+            bandwidth: self.positive(&format!("{key}.bandwidth_gb_per_s"), l.bandwidth_gb_per_s)?
+                * GB,
+            latency: Nanos(l.latency_ns),
+        })
+    }
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+    (line, col)
+}
+
+impl Scenario {
+    /// Reads and validates a scenario file.
+    pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
+        let file = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|e| ScenarioError {
+            file: file.clone(),
+            key: String::new(),
+            message: format!("cannot read: {e}"),
+            line_col: None,
+        })?;
+        let text = String::from_utf8(bytes).map_err(|e| ScenarioError {
+            file: file.clone(),
+            key: String::new(),
+            message: format!("not valid UTF-8 (byte {})", e.utf8_error().valid_up_to()),
+            line_col: None,
+        })?;
+        let stem = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "scenario".into());
+        Scenario::parse(&file, &stem, &text)
+    }
+
+    /// Parses and validates scenario `text`; `file` names it in errors and `default_name`
+    /// is used when the file has no `name` key.
+    pub fn parse(file: &str, default_name: &str, text: &str) -> Result<Scenario, ScenarioError> {
+        let toml_err = |key: String, e: &toml::de::Error| ScenarioError {
+            file: file.to_string(),
+            key,
+            message: e.message().trim_end().to_string(),
+            line_col: e.span().map(|s| line_col(text, s.start)),
+        };
+        let de = toml::Deserializer::parse(text).map_err(|e| toml_err(String::new(), &e))?;
+        let raw: Raw = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let key = if path == "." { String::new() } else { path };
+            toml_err(key, e.inner())
+        })?;
+        validate(file, default_name, text, raw)
+    }
+
+    /// Number of serving instances (one per tensor-parallel group of GPUs).
+    pub fn instances(&self) -> u32 {
+        self.hardware.total_gpus() / self.serving.tensor_parallel
+    }
+
+    /// Where instance `i` runs: the first GPU of its group.
+    pub fn instance_place(&self, i: u32) -> Place {
+        let per_node = self.hardware.gpus_per_node / self.serving.tensor_parallel;
+        Place::Gpu {
+            node: i / per_node,
+            gpu: (i % per_node) * self.serving.tensor_parallel,
+        }
+    }
+
+    pub fn cost_model(&self) -> CostModel {
+        CostModel::new(
+            self.model.clone(),
+            self.hardware.gpu.clone(),
+            self.hardware.nvlink,
+            self.serving.tensor_parallel,
+            self.serving.iteration_overhead,
+        )
+    }
+}
+
+/// KV memory of one instance: what its GPUs hold beyond the weights and the reserve.
+fn kv_bytes_per_instance(hw: &HardwareSpec, model: &ModelConfig, tp: u32, reserve: u64) -> i128 {
+    tp as i128 * hw.gpu.memory_bytes as i128
+        - model.weight_bytes() as i128
+        - (tp as u64 * reserve) as i128
+}
+
+fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenario, ScenarioError> {
+    let c = Check { file };
+    let name = r.name.unwrap_or_else(|| default_name.to_string());
+    let name_ok = !name.is_empty()
+        && name
+            .chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch))
+        && !name.starts_with('.');
+    if !name_ok {
+        return Err(c.err(
+            "name",
+            format!("expected letters, digits, '-', '_' or '.' (it names the results folder), found {name:?}"),
+        ));
+    }
+    if r.policies.is_empty() {
+        return Err(c.err("policies", "expected at least one policy"));
+    }
+    let mut policies = r.policies.clone();
+    policies.sort();
+    policies.dedup();
+    if policies.len() != r.policies.len() {
+        return Err(c.err("policies", "a policy is listed twice"));
+    }
+
+    let h = &r.hardware;
+    c.count("hardware.nodes", h.nodes, MAX_GPUS)?;
+    c.count("hardware.gpus_per_node", h.gpus_per_node, 64)?;
+    if h.nodes.saturating_mul(h.gpus_per_node) > MAX_GPUS {
+        return Err(c.err(
+            "hardware.nodes",
+            format!("more than {MAX_GPUS} GPUs in all"),
+        ));
+    }
+    let gpu = GpuSpec {
+        name: h.gpu.name.clone(),
+        memory_bytes: (c.positive("hardware.gpu.memory_gib", h.gpu.memory_gib)? * GIB as f64)
+            as u64,
+        memory_bandwidth: c.positive(
+            "hardware.gpu.memory_bandwidth_gb_per_s",
+            h.gpu.memory_bandwidth_gb_per_s,
+        )? * GB,
+        peak_flops: c.positive("hardware.gpu.peak_tflops", h.gpu.peak_tflops)? * 1e12,
+        compute_efficiency: c
+            .fraction("hardware.gpu.compute_efficiency", h.gpu.compute_efficiency)?,
+        memory_efficiency: c.fraction("hardware.gpu.memory_efficiency", h.gpu.memory_efficiency)?,
+    };
+    let host = HostSpec {
+        memory_bytes: (c.positive("hardware.host.memory_gib", h.host.memory_gib)? * GIB as f64)
+            as u64,
+        memory_bandwidth: c.positive(
+            "hardware.host.memory_bandwidth_gb_per_s",
+            h.host.memory_bandwidth_gb_per_s,
+        )? * GB,
+    };
+    let ssd = SsdSpec {
+        drives: c.count("hardware.ssd.drives", h.ssd.drives, 64)?,
+        capacity_bytes_per_drive: (c.positive(
+            "hardware.ssd.capacity_gb_per_drive",
+            h.ssd.capacity_gb_per_drive,
+        )? * GB) as u64,
+        read_bandwidth_per_drive: c.positive(
+            "hardware.ssd.read_bandwidth_gb_per_s_per_drive",
+            h.ssd.read_bandwidth_gb_per_s_per_drive,
+        )? * GB,
+        write_bandwidth_per_drive: c.positive(
+            "hardware.ssd.write_bandwidth_gb_per_s_per_drive",
+            h.ssd.write_bandwidth_gb_per_s_per_drive,
+        )? * GB,
+        latency: Nanos::from_secs_f64(
+            c.positive("hardware.ssd.latency_us", h.ssd.latency_us)? / 1e6,
+        ),
+    };
+    let network = NetworkSpec {
+        nics_per_node: c.count(
+            "hardware.network.nics_per_node",
+            h.network.nics_per_node,
+            64,
+        )?,
+        nic: LinkSpec {
+            bandwidth: c.positive(
+                "hardware.network.nic_bandwidth_gbit_per_s",
+                h.network.nic_bandwidth_gbit_per_s,
+            )? * GB
+                / 8.0,
+            latency: Nanos(h.network.nic_latency_ns),
+        },
+        switch_latency: Nanos(h.network.switch_latency_ns),
+        switch_hops: h.network.switch_hops,
+    };
+    let hardware = HardwareSpec {
+        nodes: h.nodes,
+        gpus_per_node: h.gpus_per_node,
+        gpu,
+        host,
+        ssd,
+        pcie: c.link("hardware.pcie", &h.pcie)?,
+        nvlink: c.link("hardware.nvlink", &h.nvlink)?,
+        network,
+    };
+
+    let model = match r.model.preset {
+        ModelPreset::Mistral7bInstructV02 => ModelConfig::mistral_7b_instruct_v0_2(),
+        ModelPreset::Qwen25_05b => ModelConfig::qwen2_5_0_5b(),
+        ModelPreset::Tiny => ModelConfig::tiny(),
+    };
+
+    let s = &r.serving;
+    let tp = c.count("serving.tensor_parallel", s.tensor_parallel, 64)?;
+    if !hardware.gpus_per_node.is_multiple_of(tp) {
+        return Err(c.err(
+            "serving.tensor_parallel",
+            format!(
+                "expected a divisor of hardware.gpus_per_node ({}), found {tp}",
+                hardware.gpus_per_node
+            ),
+        ));
+    }
+    let block_size = c.count("serving.block_size_tokens", s.block_size_tokens, 1024)?;
+    if s.memory_reserve_gib.is_nan() || s.memory_reserve_gib < 0.0 {
+        return Err(c.err(
+            "serving.memory_reserve_gib",
+            format!(
+                "expected zero or a positive number, found {}",
+                s.memory_reserve_gib
+            ),
+        ));
+    }
+    let reserve = (s.memory_reserve_gib * GIB as f64) as u64;
+    let kv = kv_bytes_per_instance(&hardware, &model, tp, reserve);
+    let block_bytes = block_size as i128 * model.kv_bytes_per_token() as i128;
+    if kv < block_bytes {
+        let gib = |b: f64| b / GIB as f64;
+        return Err(c.err(
+            "model.preset",
+            format!(
+                "{} does not fit: {:.2} GiB of weights over {tp} GPU(s) plus {:.2} GiB reserve per GPU leave no KV memory in {:.2} GiB (hardware.gpu.memory_gib); use bigger GPUs, a larger serving.tensor_parallel or a smaller model",
+                model.name,
+                gib(model.weight_bytes() as f64),
+                s.memory_reserve_gib,
+                gib(hardware.gpu.memory_bytes as f64),
+            ),
+        ));
+    }
+    let num_blocks = (kv / block_bytes).min(u32::MAX as i128 - 1) as u32;
+    if s.iteration_overhead_us.is_nan() || s.iteration_overhead_us < 0.0 {
+        return Err(c.err(
+            "serving.iteration_overhead_us",
+            format!(
+                "expected zero or a positive number, found {}",
+                s.iteration_overhead_us
+            ),
+        ));
+    }
+    let serving = Serving {
+        tensor_parallel: tp,
+        router: s.router,
+        instance: InstanceConfig {
+            block_size,
+            num_blocks,
+            max_num_seqs: c.count("serving.max_num_seqs", s.max_num_seqs, 65_536)?,
+            max_batched_tokens: c.count(
+                "serving.max_batched_tokens",
+                s.max_batched_tokens,
+                MAX_TOKENS,
+            )?,
+            max_waiting: c.count(
+                "serving.max_waiting_requests",
+                s.max_waiting_requests,
+                MAX_REQUESTS,
+            )?,
+        },
+        iteration_overhead: Nanos::from_secs_f64(s.iteration_overhead_us / 1e6),
+    };
+
+    let w = &r.workload;
+    let output = match w.output_tokens {
+        RawOutput::Fixed { tokens } => OutputDist::Fixed {
+            tokens: c.count("workload.output_tokens.tokens", tokens, MAX_TOKENS)?,
+        },
+        RawOutput::Uniform { min, max } => {
+            c.count("workload.output_tokens.min", min, MAX_TOKENS)?;
+            c.count("workload.output_tokens.max", max, MAX_TOKENS)?;
+            if min > max {
+                return Err(c.err(
+                    "workload.output_tokens.max",
+                    format!("expected at least min ({min}), found {max}"),
+                ));
+            }
+            OutputDist::Uniform { min, max }
+        }
+        RawOutput::Lognormal { median, sigma, max } => {
+            let median = c.positive("workload.output_tokens.median", median)?;
+            if !(sigma.is_finite() && sigma >= 0.0) {
+                return Err(c.err(
+                    "workload.output_tokens.sigma",
+                    format!("expected zero or a positive number, found {sigma}"),
+                ));
+            }
+            OutputDist::LogNormal {
+                median,
+                sigma,
+                max: c.count("workload.output_tokens.max", max, MAX_TOKENS)?,
+            }
+        }
+    };
+    let workload = QaWorkload {
+        dataset: match w.dataset {
+            RawDataset::Squad => Dataset::Squad,
+            RawDataset::Wikiqa => Dataset::Wikiqa,
+        },
+        requests: c.count("workload.requests", w.requests, MAX_REQUESTS)?,
+        arrival_rate_per_s: c.positive("workload.arrival_rate_per_s", w.arrival_rate_per_s)?,
+        order: match w.order {
+            RawOrder::Shuffled => Order::Shuffled,
+            RawOrder::Grouped => Order::Grouped,
+        },
+        context: match w.context {
+            RawContext::Unit => ContextMode::Unit,
+            RawContext::Window => ContextMode::Window {
+                tokens: c.count("workload.context_tokens", w.context_tokens, MAX_TOKENS)?,
+            },
+        },
+        system_prompt_tokens: if w.system_prompt_tokens <= MAX_TOKENS {
+            w.system_prompt_tokens
+        } else {
+            return Err(c.err(
+                "workload.system_prompt_tokens",
+                format!(
+                    "expected at most {MAX_TOKENS}, found {}",
+                    w.system_prompt_tokens
+                ),
+            ));
+        },
+        output,
+    };
+    if model.vocab < 4 {
+        return Err(c.err("model.preset", "vocabulary too small to generate prompts"));
+    }
+
+    let l = &r.limits;
+    if l.max_events == 0 {
+        return Err(c.err("limits.max_events", "expected a positive integer, found 0"));
+    }
+    if l.max_pending_events == 0 {
+        return Err(c.err(
+            "limits.max_pending_events",
+            "expected a positive integer, found 0",
+        ));
+    }
+    let limits = Limits {
+        max_events: l.max_events,
+        max_time: Nanos::from_secs_f64(c.positive("limits.max_sim_time_s", l.max_sim_time_s)?),
+        max_pending: l.max_pending_events.min(usize::MAX as u64) as usize,
+    };
+
+    Ok(Scenario {
+        name,
+        text: text.to_string(),
+        seed: r.seed,
+        policies: r.policies,
+        hardware,
+        model,
+        serving,
+        workload,
+        limits,
+    })
+}

@@ -1,0 +1,209 @@
+//! The scenario file as written: serde structs that mirror the TOML, with units in key names.
+//! Unknown keys are errors everywhere. [`super::validate`] turns these into typed values.
+
+use serde::Deserialize;
+
+use crate::policy::PolicyKind;
+use crate::serving::router::RouterStrategy;
+
+fn default_seed() -> u64 {
+    1
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Raw {
+    pub name: Option<String>,
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    pub policies: Vec<PolicyKind>,
+    pub hardware: RawHardware,
+    pub model: RawModel,
+    #[serde(default)]
+    pub serving: RawServing,
+    pub workload: RawWorkload,
+    #[serde(default)]
+    pub limits: RawLimits,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHardware {
+    pub nodes: u32,
+    pub gpus_per_node: u32,
+    pub gpu: RawGpu,
+    pub host: RawHost,
+    pub ssd: RawSsd,
+    pub pcie: RawLink,
+    pub nvlink: RawLink,
+    pub network: RawNetwork,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawGpu {
+    pub name: String,
+    pub memory_gib: f64,
+    pub memory_bandwidth_gb_per_s: f64,
+    pub peak_tflops: f64,
+    pub compute_efficiency: f64,
+    pub memory_efficiency: f64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHost {
+    pub memory_gib: f64,
+    pub memory_bandwidth_gb_per_s: f64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSsd {
+    pub drives: u32,
+    pub capacity_gb_per_drive: f64,
+    pub read_bandwidth_gb_per_s_per_drive: f64,
+    pub write_bandwidth_gb_per_s_per_drive: f64,
+    pub latency_us: f64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLink {
+    pub bandwidth_gb_per_s: f64,
+    pub latency_ns: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawNetwork {
+    pub nics_per_node: u32,
+    pub nic_bandwidth_gbit_per_s: f64,
+    pub nic_latency_ns: u64,
+    pub switch_latency_ns: u64,
+    pub switch_hops: u32,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+pub enum ModelPreset {
+    #[serde(rename = "mistral-7b-instruct-v0.2")]
+    Mistral7bInstructV02,
+    #[serde(rename = "qwen2.5-0.5b")]
+    Qwen25_05b,
+    #[serde(rename = "tiny")]
+    Tiny,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawModel {
+    pub preset: ModelPreset,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawServing {
+    pub tensor_parallel: u32,
+    pub router: RouterStrategy,
+    pub block_size_tokens: u32,
+    pub max_num_seqs: u32,
+    pub max_batched_tokens: u32,
+    pub memory_reserve_gib: f64,
+    pub iteration_overhead_us: f64,
+    pub max_waiting_requests: u32,
+}
+
+impl Default for RawServing {
+    /// vLLM's defaults where it has one: 16-token blocks, 256 sequences, 8192 batched tokens
+    /// (chunked prefill). The reserve stands for `gpu_memory_utilization = 0.9` on a 40 GiB GPU.
+    fn default() -> Self {
+        RawServing {
+            tensor_parallel: 1,
+            router: RouterStrategy::RoundRobin,
+            block_size_tokens: 16,
+            max_num_seqs: 256,
+            max_batched_tokens: 8192,
+            memory_reserve_gib: 4.0,
+            iteration_overhead_us: 1000.0,
+            max_waiting_requests: 100_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RawDataset {
+    Squad,
+    Wikiqa,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RawOrder {
+    Shuffled,
+    Grouped,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RawContext {
+    Unit,
+    Window,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawWorkload {
+    pub dataset: RawDataset,
+    pub requests: u32,
+    pub arrival_rate_per_s: f64,
+    #[serde(default = "default_order")]
+    pub order: RawOrder,
+    #[serde(default = "default_context")]
+    pub context: RawContext,
+    #[serde(default = "default_context_tokens")]
+    pub context_tokens: u32,
+    #[serde(default = "default_system_prompt_tokens")]
+    pub system_prompt_tokens: u32,
+    pub output_tokens: RawOutput,
+}
+
+fn default_order() -> RawOrder {
+    RawOrder::Shuffled
+}
+fn default_context() -> RawContext {
+    RawContext::Window
+}
+fn default_context_tokens() -> u32 {
+    4096
+}
+fn default_system_prompt_tokens() -> u32 {
+    32
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "distribution", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum RawOutput {
+    Fixed { tokens: u32 },
+    Uniform { min: u32, max: u32 },
+    Lognormal { median: f64, sigma: f64, max: u32 },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawLimits {
+    pub max_events: u64,
+    pub max_sim_time_s: f64,
+    pub max_pending_events: u64,
+}
+
+impl Default for RawLimits {
+    fn default() -> Self {
+        let l = crate::sim::kernel::Limits::default();
+        RawLimits {
+            max_events: l.max_events,
+            max_sim_time_s: l.max_time.as_secs_f64(),
+            max_pending_events: l.max_pending as u64,
+        }
+    }
+}

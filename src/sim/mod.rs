@@ -1,0 +1,4 @@
+//! The deterministic simulator: the event kernel and the host that runs actors on it.
+
+pub mod host;
+pub mod kernel;

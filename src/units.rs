@@ -1,0 +1,101 @@
+//! Units used across meshsim: simulated time in integer nanoseconds and sizes in bytes.
+//!
+//! Time is an integer so that event order never depends on floating-point rounding
+//! (DESIGN contract 2). Rates (bandwidths, FLOP/s) are `f64`; a duration computed from a
+//! rate is rounded *up* to the next nanosecond, so that no non-empty piece of work is free.
+
+use std::fmt;
+use std::ops::{Add, AddAssign, Sub};
+
+/// A point in simulated time or a duration, in nanoseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Nanos(pub u64);
+
+impl Nanos {
+    pub const ZERO: Nanos = Nanos(0);
+    pub const MAX: Nanos = Nanos(u64::MAX);
+
+    pub const fn from_us(us: u64) -> Nanos {
+        Nanos(us * 1_000)
+    }
+    pub const fn from_ms(ms: u64) -> Nanos {
+        Nanos(ms * 1_000_000)
+    }
+    pub const fn from_secs(s: u64) -> Nanos {
+        Nanos(s * 1_000_000_000)
+    }
+    /// Seconds (f64) to nanoseconds, rounded up; negative or NaN inputs give zero.
+    pub fn from_secs_f64(s: f64) -> Nanos {
+        if s.is_nan() || s <= 0.0 {
+            return Nanos::ZERO;
+        }
+        let ns = libm::ceil(s * 1e9);
+        if ns >= u64::MAX as f64 {
+            Nanos::MAX
+        } else {
+            Nanos(ns as u64)
+        }
+    }
+    /// Time to move `bytes` at `bytes_per_s`, rounded up to the next nanosecond.
+    pub fn for_bytes(bytes: u64, bytes_per_s: f64) -> Nanos {
+        if bytes == 0 {
+            return Nanos::ZERO;
+        }
+        Nanos::from_secs_f64(bytes as f64 / bytes_per_s)
+    }
+    pub fn as_secs_f64(self) -> f64 {
+        self.0 as f64 / 1e9
+    }
+    pub fn as_ms_f64(self) -> f64 {
+        self.0 as f64 / 1e6
+    }
+    pub fn saturating_sub(self, other: Nanos) -> Nanos {
+        Nanos(self.0.saturating_sub(other.0))
+    }
+}
+
+impl Add for Nanos {
+    type Output = Nanos;
+    fn add(self, rhs: Nanos) -> Nanos {
+        Nanos(self.0.saturating_add(rhs.0))
+    }
+}
+
+impl AddAssign for Nanos {
+    fn add_assign(&mut self, rhs: Nanos) {
+        self.0 = self.0.saturating_add(rhs.0);
+    }
+}
+
+impl Sub for Nanos {
+    type Output = Nanos;
+    fn sub(self, rhs: Nanos) -> Nanos {
+        Nanos(self.0.saturating_sub(rhs.0))
+    }
+}
+
+impl fmt::Display for Nanos {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:.6} s", self.as_secs_f64())
+    }
+}
+
+pub const KIB: u64 = 1 << 10;
+pub const MIB: u64 = 1 << 20;
+pub const GIB: u64 = 1 << 30;
+/// Decimal gigabyte, as used by vendors for link and disk figures.
+pub const GB: f64 = 1e9;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_round_up_to_the_next_nanosecond() {
+        assert_eq!(Nanos::for_bytes(1, 1e9), Nanos(1));
+        assert_eq!(Nanos::for_bytes(3, 2e9), Nanos(2));
+        assert_eq!(Nanos::for_bytes(0, 1.0), Nanos::ZERO);
+        assert_eq!(Nanos::from_secs_f64(1.5), Nanos(1_500_000_000));
+        assert_eq!(Nanos::from_secs_f64(-1.0), Nanos::ZERO);
+    }
+}

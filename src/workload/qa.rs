@@ -1,0 +1,273 @@
+//! Built-in question-answering workloads, SQuAD-style and WikiQA-style.
+//!
+//! The generator builds a synthetic corpus with the published shape of the dataset, then asks
+//! its questions:
+//!
+//! * **SQuAD-style** (defaults from SQuAD v1.1 dev, tokenised with the Mistral tokenizer; see
+//!   `shared/datasets/README.md`): articles of 21 to 98 paragraphs (log-normal, median 40, so
+//!   about 43 on average), paragraphs of median 167 tokens (log-normal, sigma 0.445: mean about
+//!   184, p99 about 470), 1 + Poisson(4.1) questions per paragraph (5.1 on average), questions
+//!   of median 13 tokens (about 14 on average). A whole article is then about 7,900 tokens.
+//! * **WikiQA-style**: documents of median 270 tokens (log-normal, sigma 0.45: mean about 300,
+//!   capped at 1,200), one question each (1 + Poisson(0.05)). WikiQA has no articles; meshsim
+//!   groups 32 consecutive documents into a *collection* so that a window context can be built
+//!   from several documents, which is the only way WikiQA prompts share a long prefix.
+//!
+//! A prompt is `system prompt + context + question`. The context is the question's own unit
+//! (paragraph or document, `context = "unit"`) or the *window* of consecutive units of its
+//! article that contains it (`context = "window"`): an article is cut greedily into windows of
+//! at most `context_tokens` tokens, so every question about a window shares the window as a
+//! prefix. Questions are asked once each, shuffled with the seed or grouped by article.
+//! Arrivals are a Poisson process; output lengths follow the configured distribution.
+//! Token ids are uniform over the model's vocabulary (ids 0-2 are reserved for special tokens).
+
+use super::{ReqId, Request, SegId, TokenArena, Trace};
+use crate::rng::{Stream, streams};
+use crate::units::Nanos;
+
+/// Which dataset's shape to imitate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dataset {
+    Squad,
+    Wikiqa,
+}
+
+/// In what order questions are asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    Shuffled,
+    Grouped,
+}
+
+/// What a prompt's context is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ContextMode {
+    /// The question's own paragraph or document.
+    Unit,
+    /// The window of consecutive units, of at most this many tokens, that contains it.
+    Window { tokens: u32 },
+}
+
+/// Output lengths in tokens.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum OutputDist {
+    Fixed { tokens: u32 },
+    Uniform { min: u32, max: u32 },
+    LogNormal { median: f64, sigma: f64, max: u32 },
+}
+
+impl OutputDist {
+    pub fn sample(&self, rng: &mut Stream) -> u32 {
+        match *self {
+            OutputDist::Fixed { tokens } => tokens,
+            OutputDist::Uniform { min, max } => rng.range_inclusive(min as u64, max as u64) as u32,
+            OutputDist::LogNormal { median, sigma, max } => {
+                (libm::round(rng.lognormal(median, sigma)) as u32).clamp(1, max)
+            }
+        }
+    }
+}
+
+/// A built-in QA workload, validated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QaWorkload {
+    pub dataset: Dataset,
+    pub requests: u32,
+    pub arrival_rate_per_s: f64,
+    pub order: Order,
+    pub context: ContextMode,
+    pub system_prompt_tokens: u32,
+    pub output: OutputDist,
+}
+
+/// Shape of a dataset (see the module doc for the sources).
+struct Shape {
+    units_per_group: (f64, f64, u32, u32),
+    unit_tokens: (f64, f64, u32, u32),
+    extra_questions_per_unit: f64,
+    question_tokens: (f64, f64, u32, u32),
+}
+
+const SQUAD: Shape = Shape {
+    units_per_group: (40.0, 0.35, 21, 98),
+    unit_tokens: (167.0, 0.445, 16, 1_500),
+    extra_questions_per_unit: 4.1,
+    question_tokens: (13.0, 0.35, 3, 64),
+};
+
+const WIKIQA: Shape = Shape {
+    units_per_group: (32.0, 0.0, 32, 32),
+    unit_tokens: (270.0, 0.45, 20, 1_200),
+    extra_questions_per_unit: 0.05,
+    question_tokens: (9.0, 0.3, 3, 40),
+};
+
+fn clamped_lognormal(rng: &mut Stream, (median, sigma, lo, hi): (f64, f64, u32, u32)) -> u32 {
+    (libm::round(rng.lognormal(median, sigma)) as u32).clamp(lo, hi)
+}
+
+fn random_tokens(rng: &mut Stream, n: u32, vocab: u32) -> impl Iterator<Item = u32> + '_ {
+    (0..n).map(move |_| 3 + rng.below(vocab as u64 - 3) as u32)
+}
+
+/// Generates the trace of `w` for a model with `vocab` tokens, from `seed`.
+pub fn generate(w: &QaWorkload, vocab: u32, seed: u64) -> Trace {
+    let shape = match w.dataset {
+        Dataset::Squad => &SQUAD,
+        Dataset::Wikiqa => &WIKIQA,
+    };
+    let mut rng = Stream::new(seed, streams::WORKLOAD_DATASET);
+    let mut arena = TokenArena::default();
+    let system = arena.push(random_tokens(&mut rng, w.system_prompt_tokens, vocab));
+    let mut contexts: Vec<Vec<SegId>> = Vec::new();
+    let mut context_tokens: Vec<u32> = Vec::new();
+    // (context, question segment), in corpus order.
+    let mut questions: Vec<(u32, SegId, u32)> = Vec::new();
+    // Bounded: every group adds at least one question.
+    while questions.len() < w.requests as usize {
+        let units = clamped_lognormal(&mut rng, shape.units_per_group);
+        let mut open: Option<u32> = None;
+        for _ in 0..units {
+            let len = clamped_lognormal(&mut rng, shape.unit_tokens);
+            let seg = arena.push(random_tokens(&mut rng, len, vocab));
+            let ctx = match (w.context, open) {
+                (ContextMode::Window { tokens }, Some(c))
+                    if context_tokens[c as usize] + len <= tokens =>
+                {
+                    c
+                }
+                _ => {
+                    contexts.push(Vec::new());
+                    context_tokens.push(0);
+                    contexts.len() as u32 - 1
+                }
+            };
+            open = Some(ctx);
+            contexts[ctx as usize].push(seg);
+            context_tokens[ctx as usize] += len;
+            let asked = 1 + rng.poisson(shape.extra_questions_per_unit);
+            for _ in 0..asked {
+                let qlen = clamped_lognormal(&mut rng, shape.question_tokens);
+                let q = arena.push(random_tokens(&mut rng, qlen, vocab));
+                questions.push((ctx, q, qlen));
+            }
+        }
+    }
+    if w.order == Order::Shuffled {
+        Stream::new(seed, streams::WORKLOAD_ORDER).shuffle(&mut questions);
+    }
+    questions.truncate(w.requests as usize);
+
+    let mut arrivals = Stream::new(seed, streams::WORKLOAD_ARRIVALS);
+    let mut outputs = Stream::new(seed, streams::WORKLOAD_OUTPUTS);
+    let mut t = 0.0f64;
+    let requests = questions
+        .iter()
+        .map(|&(ctx, q, qlen)| {
+            t += arrivals.exponential(w.arrival_rate_per_s);
+            let mut segments = Vec::with_capacity(contexts[ctx as usize].len() + 2);
+            segments.push(system);
+            segments.extend_from_slice(&contexts[ctx as usize]);
+            segments.push(q);
+            Request {
+                arrival: Nanos::from_secs_f64(t),
+                segments,
+                prompt_tokens: w.system_prompt_tokens + context_tokens[ctx as usize] + qlen,
+                output_tokens: w.output.sample(&mut outputs),
+                context: ctx,
+            }
+        })
+        .collect();
+    Trace {
+        arena,
+        requests,
+        contexts: contexts.len() as u32,
+    }
+}
+
+impl Trace {
+    /// Mean prompt length in tokens.
+    pub fn mean_prompt_tokens(&self) -> f64 {
+        let n = self.requests.len().max(1) as f64;
+        self.requests
+            .iter()
+            .map(|r| r.prompt_tokens as f64)
+            .sum::<f64>()
+            / n
+    }
+
+    pub fn ids(&self) -> impl Iterator<Item = ReqId> {
+        (0..self.requests.len() as u32).map(ReqId)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn squad(requests: u32, context: ContextMode) -> QaWorkload {
+        QaWorkload {
+            dataset: Dataset::Squad,
+            requests,
+            arrival_rate_per_s: 10.0,
+            order: Order::Shuffled,
+            context,
+            system_prompt_tokens: 32,
+            output: OutputDist::Fixed { tokens: 8 },
+        }
+    }
+
+    #[test]
+    fn squad_paragraph_prompts_have_the_published_shape() {
+        let t = generate(&squad(20_000, ContextMode::Unit), 32_000, 1);
+        assert_eq!(t.requests.len(), 20_000);
+        // Paragraph (~184) + question (~14) + system prompt (32).
+        let mean = t.mean_prompt_tokens();
+        assert!((200.0..260.0).contains(&mean), "mean prompt {mean}");
+        // About 5.1 questions per paragraph context.
+        let per_ctx = 20_000.0 / t.contexts as f64;
+        assert!(
+            (4.0..6.5).contains(&per_ctx),
+            "{per_ctx} questions per context"
+        );
+        for id in t.ids().take(100) {
+            assert_eq!(t.prompt(id).count() as u32, t.request(id).prompt_tokens);
+        }
+    }
+
+    #[test]
+    fn window_contexts_stay_within_the_window_and_are_shared() {
+        let t = generate(
+            &squad(5_000, ContextMode::Window { tokens: 4096 }),
+            32_000,
+            2,
+        );
+        for r in &t.requests {
+            assert!(r.prompt_tokens <= 32 + 4096 + 64 || r.segments.len() == 3);
+        }
+        let per_ctx = 5_000.0 / t.contexts as f64;
+        assert!(per_ctx > 50.0, "{per_ctx} questions per window");
+        // Arrivals are sorted and roughly at the configured rate.
+        assert!(t.requests.windows(2).all(|w| w[0].arrival <= w[1].arrival));
+        let span = t.requests.last().unwrap().arrival.as_secs_f64();
+        assert!((450.0..550.0).contains(&span), "{span}");
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_trace() {
+        let w = squad(1_000, ContextMode::Window { tokens: 2048 });
+        let (a, b, c) = (
+            generate(&w, 32_000, 3),
+            generate(&w, 32_000, 3),
+            generate(&w, 32_000, 4),
+        );
+        let key = |t: &Trace| -> Vec<(Nanos, u32)> {
+            t.requests
+                .iter()
+                .map(|r| (r.arrival, r.prompt_tokens))
+                .collect()
+        };
+        assert_eq!(key(&a), key(&b));
+        assert_ne!(key(&a), key(&c));
+    }
+}
