@@ -1,0 +1,206 @@
+//! Bad scenarios are rejected before anything runs: exit status 2, a message naming the file,
+//! the key path and what was expected, and nothing written under the results folder.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+struct Outcome {
+    status: i32,
+    stderr: String,
+}
+
+/// Writes `text` as `bad.toml` in a fresh folder, runs `meshsim <cmd> bad.toml` there, and
+/// checks that no `results` folder appeared.
+fn meshsim(cmd: &str, text: &str) -> Outcome {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("bad.toml"), text).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_meshsim"))
+        .args([cmd, "bad.toml"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        !dir.path().join("results").exists(),
+        "a rejected scenario must not touch results/"
+    );
+    Outcome {
+        status: out.status.code().unwrap_or(-1),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn small_text() -> String {
+    std::fs::read_to_string(common::data("small.toml")).unwrap()
+}
+
+/// Replaces the first line of the small scenario that starts with `key =`.
+fn with_line(key: &str, line: &str) -> String {
+    let text = small_text();
+    let mut found = false;
+    let out: Vec<String> = text
+        .lines()
+        .map(|l| {
+            if !found && l.starts_with(&format!("{key} =")) {
+                found = true;
+                line.to_string()
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    assert!(found, "{key} must occur in small.toml");
+    out.join("\n")
+}
+
+/// The 1-based line of the first line that starts with `key =`.
+fn line_of(key: &str) -> usize {
+    1 + small_text()
+        .lines()
+        .position(|l| l.starts_with(&format!("{key} =")))
+        .unwrap()
+}
+
+fn assert_rejected(text: &str, key_path: &str, expected: &str) {
+    for cmd in ["run", "check"] {
+        let o = meshsim(cmd, text);
+        assert_eq!(o.status, 2, "{cmd}: exit status; stderr: {}", o.stderr);
+        assert!(
+            o.stderr.contains("bad.toml"),
+            "{cmd}: names the file: {}",
+            o.stderr
+        );
+        assert!(
+            o.stderr.contains(key_path),
+            "{cmd}: names {key_path}: {}",
+            o.stderr
+        );
+        assert!(
+            o.stderr.contains(expected),
+            "{cmd}: says {expected:?}: {}",
+            o.stderr
+        );
+        assert!(!o.stderr.contains("panicked"), "{}", o.stderr);
+    }
+}
+
+#[test]
+fn the_small_scenario_itself_is_valid() {
+    let o = meshsim("check", &small_text());
+    assert_eq!(o.status, 0, "{}", o.stderr);
+}
+
+#[test]
+fn a_syntax_error_is_reported_with_its_line() {
+    let text = with_line("nodes", "nodes = = 2");
+    let o = meshsim("run", &text);
+    assert_eq!(o.status, 2);
+    let at = format!("bad.toml:{}:", line_of("nodes"));
+    assert!(o.stderr.contains(&at), "{}", o.stderr);
+}
+
+#[test]
+fn an_unknown_key_is_rejected() {
+    let text = with_line("memory_gib", "memory_gib = 40.0\ncolour = \"green\"");
+    assert_rejected(&text, "hardware.gpu", "unknown field `colour`");
+}
+
+#[test]
+fn a_key_with_the_wrong_unit_is_rejected() {
+    let text = with_line("memory_gib", "memory_gb = 40.0");
+    assert_rejected(
+        &text,
+        "hardware.gpu",
+        "unknown field `memory_gb`, expected one of",
+    );
+}
+
+#[test]
+fn a_value_of_the_wrong_type_is_rejected() {
+    let text = with_line("memory_gib", "memory_gib = \"40GB\"");
+    assert_rejected(
+        &text,
+        "hardware.gpu.memory_gib",
+        "invalid type: string \"40GB\", expected f64",
+    );
+}
+
+#[test]
+fn a_zero_capacity_is_rejected() {
+    let text = with_line("capacity_gb_per_drive", "capacity_gb_per_drive = 0.0");
+    assert_rejected(
+        &text,
+        "hardware.ssd.capacity_gb_per_drive",
+        "expected a positive number",
+    );
+}
+
+#[test]
+fn a_negative_capacity_is_rejected() {
+    let text = with_line("memory_gib", "memory_gib = -40.0");
+    assert_rejected(
+        &text,
+        "hardware.gpu.memory_gib",
+        "expected a positive number",
+    );
+    let text = with_line("drives", "drives = -2");
+    assert_rejected(&text, "hardware.ssd.drives", "expected u32");
+}
+
+#[test]
+fn a_zero_count_is_rejected() {
+    let text = with_line("nodes", "nodes = 0");
+    assert_rejected(&text, "hardware.nodes", "expected an integer from 1 to");
+}
+
+#[test]
+fn a_model_that_does_not_fit_in_gpu_memory_is_rejected() {
+    let text = with_line("memory_gib", "memory_gib = 16.0");
+    assert_rejected(&text, "model.preset", "does not fit");
+}
+
+#[test]
+fn an_unknown_policy_is_rejected() {
+    let text = with_line("policies", "policies = [\"vanilla\", \"magic\"]");
+    assert_rejected(&text, "policies", "unknown variant `magic`");
+}
+
+#[test]
+fn a_missing_section_is_rejected() {
+    let text = small_text().replace("[model]\npreset = \"mistral-7b-instruct-v0.2\"\n", "");
+    assert_rejected(&text, "", "missing field `model`");
+}
+
+#[test]
+fn a_missing_file_is_bad_input() {
+    let out = Command::new(env!("CARGO_BIN_EXE_meshsim"))
+        .args(["run", "no/such/file.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no/such/file.toml"));
+}
+
+#[test]
+fn a_good_run_writes_the_three_files_and_out_redirects_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_meshsim"))
+        .args(["run", common::data("small.toml").to_str().unwrap(), "--out"])
+        .arg(dir.path().join("here"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for f in ["requests.csv", "summary.csv", "scenario.toml"] {
+        assert!(Path::new(&dir.path().join("here").join(f)).exists(), "{f}");
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("events processed"), "{stdout}");
+    assert!(stdout.contains("events/s"), "{stdout}");
+    assert!(stdout.contains("wall time"), "{stdout}");
+}

@@ -1,0 +1,96 @@
+//! What the policies must do relative to each other.
+
+mod common;
+
+use std::sync::Arc;
+
+use meshsim::PolicyKind;
+use meshsim::metrics::RequestRecord;
+use meshsim::run::{simulate, trace};
+use meshsim::workload::qa::{ContextMode, Order};
+use meshsim::workload::{Request, Trace};
+
+fn mean_ttft_ms(records: &[RequestRecord]) -> f64 {
+    let v: Vec<f64> = records
+        .iter()
+        .map(|r| r.ttft().unwrap().as_ms_f64())
+        .collect();
+    v.iter().sum::<f64>() / v.len() as f64
+}
+
+#[test]
+fn local_prefix_is_never_slower_than_vanilla_when_prefixes_are_shared() {
+    let s = common::small();
+    let t = Arc::new(trace(&s));
+    let vanilla = simulate(&s, t.clone(), PolicyKind::Vanilla).unwrap();
+    let local = simulate(&s, t, PolicyKind::LocalPrefix).unwrap();
+    assert!(vanilla.report.records.iter().all(|r| r.completed()));
+    assert!(local.report.records.iter().all(|r| r.completed()));
+    let (v, l) = (
+        mean_ttft_ms(&vanilla.report.records),
+        mean_ttft_ms(&local.report.records),
+    );
+    assert!(l <= v, "local-prefix mean TTFT {l} ms > vanilla {v} ms");
+    assert!(
+        local.summary.prefix_hit_ratio > 0.5,
+        "{}",
+        local.summary.prefix_hit_ratio
+    );
+    assert_eq!(vanilla.summary.prefix_hit_ratio, 0.0);
+}
+
+/// Keeps only the first question of every context and drops the system prompt, so that no
+/// two prompts share even their first token block.
+fn without_shared_prefixes(mut t: Trace) -> Trace {
+    let mut seen = std::collections::BTreeSet::new();
+    let requests: Vec<Request> = t
+        .requests
+        .drain(..)
+        .filter(|r| seen.insert(r.context))
+        .map(|mut r| {
+            let system = r.segments.remove(0);
+            r.prompt_tokens -= t.arena.segment(system).len() as u32;
+            r
+        })
+        .collect();
+    t.requests = requests;
+    t
+}
+
+#[test]
+fn local_prefix_gives_vanillas_results_when_nothing_is_shared() {
+    let mut s = common::small();
+    s.workload.context = ContextMode::Unit;
+    s.workload.order = Order::Shuffled;
+    s.workload.requests = 1_500;
+    s.workload.arrival_rate_per_s = 40.0;
+    let t = Arc::new(without_shared_prefixes(trace(&s)));
+    assert!(t.requests.len() > 200, "{} requests", t.requests.len());
+    let vanilla = simulate(&s, t.clone(), PolicyKind::Vanilla).unwrap();
+    let local = simulate(&s, t, PolicyKind::LocalPrefix).unwrap();
+    assert_eq!(local.summary.prefix_hit_ratio, 0.0);
+    assert_eq!(vanilla.report.records, local.report.records);
+    let mut ls = local.summary.clone();
+    ls.policy = vanilla.summary.policy.clone();
+    assert_eq!(ls, vanilla.summary);
+}
+
+#[test]
+fn local_prefix_hits_only_what_fits_in_free_kv_memory() {
+    // The same workload on GPUs with almost no KV memory left: the cache must evict and the
+    // hit ratio must fall, but every request still completes.
+    let s = common::small();
+    let mut tight = s.clone();
+    tight.serving.instance.num_blocks = 600; // 9,600 tokens: about four 2k-token prompts
+    let t = Arc::new(trace(&s));
+    let roomy = simulate(&s, t.clone(), PolicyKind::LocalPrefix).unwrap();
+    let cramped = simulate(&tight, t, PolicyKind::LocalPrefix).unwrap();
+    assert!(cramped.report.records.iter().all(|r| r.completed()));
+    assert!(cramped.summary.gpu_block_evictions > roomy.summary.gpu_block_evictions);
+    assert!(
+        cramped.summary.prefix_hit_ratio < roomy.summary.prefix_hit_ratio,
+        "{} vs {}",
+        cramped.summary.prefix_hit_ratio,
+        roomy.summary.prefix_hit_ratio
+    );
+}
