@@ -6,8 +6,8 @@
 //! `h = (rotl(h, 5) xor t) x 0x9E3779B97F4A7C15` (the FxHash step, one multiply per token),
 //! and the result is finished with the SplitMix64 mixer so that every bit depends on every
 //! token. It is not cryptographic: two different 16-token blocks collide with probability
-//! about 2^-64, far below anything a simulated run can reach. [`IdHasher`] lets maps keyed by such hashes skip
-//! rehashing; only lookups go through those maps, never iteration.
+//! about 2^-64, far below anything a simulated run can reach. [`IdHasher`] lets maps keyed by
+//! such hashes skip rehashing; only lookups go through those maps, never iteration.
 
 use std::hash::{BuildHasherDefault, Hasher};
 

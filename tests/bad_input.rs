@@ -204,3 +204,16 @@ fn a_good_run_writes_the_three_files_and_out_redirects_them() {
     assert!(stdout.contains("events/s"), "{stdout}");
     assert!(stdout.contains("wall time"), "{stdout}");
 }
+
+#[test]
+fn absurd_latencies_and_block_counts_are_rejected_not_overflowed() {
+    let text = with_line("nic_latency_ns", "nic_latency_ns = 6000000000000000000");
+    assert_rejected(&text, "hardware.network.nic_latency_ns", "expected at most");
+    let text = with_line("memory_gib", "memory_gib = 100000.0");
+    assert_rejected(&text, "serving.block_size_tokens", "use larger blocks");
+    let text = with_line(
+        "router",
+        "router = \"least-loaded\"\nmemory_reserve_gib = 1e10\ntensor_parallel = 2",
+    );
+    assert_rejected(&text, "model.preset", "does not fit");
+}

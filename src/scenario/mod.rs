@@ -77,6 +77,12 @@ pub const MAX_REQUESTS: u32 = 10_000_000;
 pub const MAX_TOKENS: u32 = 1 << 20;
 /// Largest cluster.
 pub const MAX_GPUS: u32 = 65_536;
+/// Largest latency of any link or switch (1 s): anything above is a unit mistake.
+pub const MAX_LATENCY_NS: u64 = 1_000_000_000;
+/// Most KV blocks one instance may have (each costs 32 bytes of bookkeeping).
+pub const MAX_BLOCKS_PER_INSTANCE: u32 = 1 << 24;
+/// Most KV blocks all instances together may have.
+pub const MAX_BLOCKS_TOTAL: u64 = 1 << 27;
 
 struct Check<'a> {
     file: &'a str,
@@ -119,11 +125,22 @@ impl Check<'_> {
         }
     }
 
+    fn latency(&self, key: &str, ns: u64) -> Result<Nanos, ScenarioError> {
+        if ns <= MAX_LATENCY_NS {
+            Ok(Nanos(ns))
+        } else {
+            Err(self.err(
+                key,
+                format!("expected at most {MAX_LATENCY_NS} ns (1 s), found {ns}"),
+            ))
+        }
+    }
+
     fn link(&self, key: &str, l: &RawLink) -> Result<LinkSpec, ScenarioError> {
         Ok(LinkSpec {
             bandwidth: self.positive(&format!("{key}.bandwidth_gb_per_s"), l.bandwidth_gb_per_s)?
                 * GB,
-            latency: Nanos(l.latency_ns),
+            latency: self.latency(&format!("{key}.latency_ns"), l.latency_ns)?,
         })
     }
 }
@@ -205,7 +222,7 @@ impl Scenario {
 fn kv_bytes_per_instance(hw: &HardwareSpec, model: &ModelConfig, tp: u32, reserve: u64) -> i128 {
     tp as i128 * hw.gpu.memory_bytes as i128
         - model.weight_bytes() as i128
-        - (tp as u64 * reserve) as i128
+        - tp as i128 * reserve as i128
 }
 
 fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenario, ScenarioError> {
@@ -219,7 +236,10 @@ fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenar
     if !name_ok {
         return Err(c.err(
             "name",
-            format!("expected letters, digits, '-', '_' or '.' (it names the results folder), found {name:?}"),
+            format!(
+                "expected letters, digits, '-', '_' or '.' (it names the results folder), \
+                 found {name:?}"
+            ),
         ));
     }
     if r.policies.is_empty() {
@@ -292,10 +312,20 @@ fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenar
                 h.network.nic_bandwidth_gbit_per_s,
             )? * GB
                 / 8.0,
-            latency: Nanos(h.network.nic_latency_ns),
+            latency: c.latency("hardware.network.nic_latency_ns", h.network.nic_latency_ns)?,
         },
-        switch_latency: Nanos(h.network.switch_latency_ns),
-        switch_hops: h.network.switch_hops,
+        switch_latency: c.latency(
+            "hardware.network.switch_latency_ns",
+            h.network.switch_latency_ns,
+        )?,
+        switch_hops: if h.network.switch_hops <= 64 {
+            h.network.switch_hops
+        } else {
+            return Err(c.err(
+                "hardware.network.switch_hops",
+                format!("expected at most 64, found {}", h.network.switch_hops),
+            ));
+        },
     };
     let hardware = HardwareSpec {
         nodes: h.nodes,
@@ -343,7 +373,9 @@ fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenar
         return Err(c.err(
             "model.preset",
             format!(
-                "{} does not fit: {:.2} GiB of weights over {tp} GPU(s) plus {:.2} GiB reserve per GPU leave no KV memory in {:.2} GiB (hardware.gpu.memory_gib); use bigger GPUs, a larger serving.tensor_parallel or a smaller model",
+                "{} does not fit: {:.2} GiB of weights over {tp} GPU(s) plus {:.2} GiB reserve \
+                 per GPU leave no KV memory in {:.2} GiB (hardware.gpu.memory_gib); use bigger \
+                 GPUs, a larger serving.tensor_parallel or a smaller model",
                 model.name,
                 gib(model.weight_bytes() as f64),
                 s.memory_reserve_gib,
@@ -351,7 +383,18 @@ fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenar
             ),
         ));
     }
-    let num_blocks = (kv / block_bytes).min(u32::MAX as i128 - 1) as u32;
+    let blocks = kv / block_bytes;
+    let instances = (hardware.total_gpus() / tp) as i128;
+    if blocks > MAX_BLOCKS_PER_INSTANCE as i128 || blocks * instances > MAX_BLOCKS_TOTAL as i128 {
+        return Err(c.err(
+            "serving.block_size_tokens",
+            format!(
+                "{blocks} KV blocks per instance x {instances} instances exceeds the limit of \
+                 {MAX_BLOCKS_PER_INSTANCE} per instance and {MAX_BLOCKS_TOTAL} in all; use larger blocks"
+            ),
+        ));
+    }
+    let num_blocks = blocks as u32;
     if s.iteration_overhead_us.is_nan() || s.iteration_overhead_us < 0.0 {
         return Err(c.err(
             "serving.iteration_overhead_us",

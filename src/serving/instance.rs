@@ -141,7 +141,10 @@ impl Instance {
 
     fn submit(&mut self, req: ReqId, ctx: &mut dyn Context) {
         let r = self.trace.request(req);
-        let never_fits = self.blocks_for(r.prompt_tokens + r.output_tokens) > self.cfg.num_blocks;
+        // The most KV a request holds is prompt + output - 1 tokens: the last sampled token
+        // is never fed back.
+        let most = r.prompt_tokens + r.output_tokens - 1;
+        let never_fits = self.blocks_for(most) > self.cfg.num_blocks;
         if never_fits || self.waiting.len() >= self.cfg.max_waiting as usize {
             self.stats.rejected += 1;
             ctx.send(self.router, Msg::Rejected(req), 8);
