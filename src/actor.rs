@@ -7,10 +7,12 @@
 //! actor code runs under the deterministic simulator (`sim::host`), where the host charges
 //! each effect from the hardware model, and under a live host that performs them for real.
 
+use crate::hardware::Place;
 use crate::metrics::{Completion, Report};
 use crate::model::cost::BatchShape;
 use crate::rng::Stream;
 use crate::sim::kernel::ActorId;
+use crate::store::directory::{LoadPlan, TensorId};
 use crate::units::Nanos;
 use crate::workload::ReqId;
 
@@ -32,13 +34,61 @@ pub enum Msg {
     /// Instance -> router: the request cannot be served (queue full, or longer than the
     /// instance's whole KV memory).
     Rejected(ReqId),
+    /// Instance -> metadata: the longest stored prefix of this chain of tensor ids, skipping
+    /// the first `skip` tensors (the instance already holds them).
+    Lookup(Box<Lookup>),
+    /// Metadata -> instance: where the stored prefix is.
+    LookupReply(ReqId, Box<LoadPlan>),
+    /// Instance -> store server of another node: read these bytes from SSD and send them.
+    ReadSsd {
+        req: ReqId,
+        to: ActorId,
+        bytes: u64,
+        segments: u32,
+    },
+    /// A store server's SSD read for `to` has finished.
+    SsdReadDone { req: ReqId, to: ActorId, bytes: u64 },
+    /// Store server -> instance: one group of a request's load has arrived.
+    Loaded(ReqId),
+    /// Instance -> its node's store server: the KV of these tensors (payload), to store.
+    StoreWrite {
+        chain: Box<Vec<TensorId>>,
+        replica: bool,
+    },
+    /// Store server -> metadata: tensors written on `node` (owned, or replicas).
+    Insert {
+        chain: Box<Vec<TensorId>>,
+        node: u32,
+        replica: bool,
+    },
+    /// Metadata -> store server: write this many demoted bytes to SSD (in the background).
+    Demote { bytes: u64 },
+}
+
+/// A prefix lookup.
+#[derive(Debug)]
+pub struct Lookup {
+    pub req: ReqId,
+    pub from: ActorId,
+    pub node: u32,
+    pub chain: Vec<TensorId>,
+    pub skip: u32,
 }
 
 /// A piece of work an actor starts on the device it runs on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Work {
     /// One forward pass of a serving instance over a batch.
     Batch(BatchShape),
+    /// A bulk read of `bytes` in `segments` pieces from `from` into this actor's place
+    /// (an RDMA read from another node, or a copy from local host memory over PCIe).
+    Fetch {
+        from: Place,
+        bytes: u64,
+        segments: u32,
+    },
+    /// Reading or writing `bytes` on this actor's node's SSDs.
+    Ssd { write: bool, bytes: u64 },
 }
 
 /// What an actor can do to the world.
@@ -48,7 +98,11 @@ pub trait Context {
     /// This actor's id.
     fn me(&self) -> ActorId;
     /// Sends `msg` to `to`; `payload_bytes` is what travels over the links between them.
-    fn send(&mut self, to: ActorId, msg: Msg, payload_bytes: u64);
+    fn send(&mut self, to: ActorId, msg: Msg, payload_bytes: u64) {
+        self.send_after(Nanos::ZERO, to, msg, payload_bytes);
+    }
+    /// Sends `msg` after `delay` of local processing.
+    fn send_after(&mut self, delay: Nanos, to: ActorId, msg: Msg, payload_bytes: u64);
     /// Delivers `msg` to this actor after `after`.
     fn timer(&mut self, after: Nanos, msg: Msg);
     /// Starts `work` on this actor's device; `done` is delivered when it ends.

@@ -18,6 +18,7 @@ pub mod run;
 pub mod scenario;
 pub mod serving;
 pub mod sim;
+pub mod store;
 pub mod units;
 pub mod workload;
 

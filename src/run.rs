@@ -13,12 +13,20 @@ use crate::hardware::Place;
 use crate::hardware::network::{LinkBytes, Network};
 use crate::metrics::write::{write_requests, write_summary};
 use crate::metrics::{Report, Summary};
+use crate::model::cost::BatchShape;
+use crate::policy::Policy;
 use crate::policy::PolicyKind;
 use crate::scenario::Scenario;
-use crate::serving::instance::Instance;
+use crate::serving::instance::{Instance, StoreLink};
 use crate::serving::router::Router;
+use crate::sim::host::FetchOverhead;
 use crate::sim::host::SimHost;
+use crate::sim::kernel::ActorId;
 use crate::sim::kernel::SimError;
+use crate::store::StoreRules;
+use crate::store::directory::{Directory, StoreParams};
+use crate::store::metadata::Metadata;
+use crate::store::server::StoreServer;
 use crate::workload::Trace;
 use crate::workload::qa;
 
@@ -31,6 +39,34 @@ pub struct PolicyRun {
     pub link_bytes: LinkBytes,
     /// Wall-clock time of the simulation (not reproducible; console only).
     pub wall: Duration,
+}
+
+/// The store's sizes and GDSF costs, from the scenario's hardware and model.
+pub fn store_params(s: &Scenario, rules: &StoreRules) -> StoreParams {
+    let hw = &s.hardware;
+    let g = s.store.tensor_tokens as u64;
+    let cost = s.cost_model();
+    let prefill = |cached: u64| {
+        let mut b = BatchShape::default();
+        b.add(g, cached, false);
+        cost.iteration(&b).0 as f64
+    };
+    let base = prefill(0);
+    StoreParams {
+        nodes: hw.nodes,
+        tensor_bytes: g * s.model.kv_bytes_per_token(),
+        host_capacity: s.store.host_capacity_bytes,
+        replica_capacity: (s.store.host_capacity_bytes as f64 * rules.replica_fraction) as u64,
+        ssd_capacity: s.store.ssd_capacity_bytes,
+        eviction: rules.eviction,
+        consolidate: rules.consolidate,
+        replicate_after_reads: rules.replicate_after_reads,
+        host_ns_per_byte: 1e9 / hw.pcie.bandwidth,
+        ssd_ns_per_byte: 1e9 / (hw.ssd.drives as f64 * hw.ssd.read_bandwidth_per_drive),
+        net_ns_per_byte: 1e9 / hw.network.nic.bandwidth,
+        recompute_base_ns: base,
+        recompute_per_index_ns: prefill(g) - base,
+    }
 }
 
 /// Generates the scenario's trace.
@@ -46,16 +82,31 @@ pub fn simulate(
 ) -> Result<PolicyRun, SimError> {
     let started = Instant::now();
     let mut host = SimHost::new(Network::new(&s.hardware), s.cost_model(), s.limits, s.seed);
-    let policy_impl: Arc<dyn crate::policy::Policy> = Arc::from(policy.build());
-    let router_id = host.next_id();
-    let instance_ids = (0..s.instances())
-        .map(|i| crate::sim::kernel::ActorId(router_id.0 + 1 + i))
-        .collect();
-    host.add(
+    host.set_fetch_overhead(FetchOverhead {
+        request: s.store.fetch_request_overhead,
+        segment: s.store.fetch_segment_overhead,
+    });
+    let policy_impl: Arc<dyn Policy> = Arc::from(policy.build(&s.store));
+    let n = s.instances();
+    let router_id = ActorId(0);
+    let instance_ids: Vec<ActorId> = (0..n).map(|i| ActorId(1 + i)).collect();
+    let metadata_id = ActorId(1 + n);
+    let server_ids: Vec<ActorId> = (0..s.hardware.nodes).map(|i| ActorId(2 + n + i)).collect();
+    let rules = policy_impl.store_rules();
+    let added = host.add(
         Box::new(Router::new(trace.clone(), instance_ids, s.serving.router)),
         Place::Frontend,
     );
-    for i in 0..s.instances() {
+    debug_assert_eq!(added, router_id);
+    for i in 0..n {
+        let place = s.instance_place(i);
+        let link = rules.map(|_| StoreLink {
+            metadata: metadata_id,
+            servers: server_ids.clone(),
+            node: place.node().expect("instances run on nodes"),
+            tensor_tokens: s.store.tensor_tokens,
+            tensor_bytes: s.store.tensor_tokens as u64 * s.model.kv_bytes_per_token(),
+        });
         host.add(
             Box::new(Instance::new(
                 i,
@@ -63,9 +114,28 @@ pub fn simulate(
                 trace.clone(),
                 policy_impl.clone(),
                 s.serving.instance,
+                link,
             )),
-            s.instance_place(i),
+            place,
         );
+    }
+    if let Some(rules) = rules {
+        let dir = Directory::new(store_params(s, &rules));
+        let added = host.add(
+            Box::new(Metadata::new(
+                dir,
+                s.store.metadata_service,
+                server_ids.clone(),
+            )),
+            Place::Host { node: 0 },
+        );
+        debug_assert_eq!(added, metadata_id);
+        for node in 0..s.hardware.nodes {
+            host.add(
+                Box::new(StoreServer::new(node, metadata_id)),
+                Place::Host { node },
+            );
+        }
     }
     let outcome = host.run()?;
     let summary = Summary::new(policy.name(), &outcome.report, outcome.events);

@@ -4,7 +4,7 @@
 mod common;
 
 #[test]
-fn small_scenario_summary_under_both_policies() {
+fn small_scenario_summary_under_every_policy() {
     let s = common::small();
     let (_, summary) = common::run_to_files(&s, 2);
     let text = String::from_utf8(summary).unwrap();

@@ -17,7 +17,10 @@
 //! link reserved for a transfer waits idle while another link of the path is still busy.
 //!
 //! Control messages between the frontend and a node terminate at the node's host CPU: they
-//! cross both NICs and the fabric but not PCIe.
+//! cross both NICs and the fabric but not PCIe. Data read from another node goes NIC to NIC
+//! into the GPU (GPUDirect RDMA), so only the NICs are charged; data between a GPU and its own
+//! node's host memory crosses the GPU's PCIe link. A node's SSDs are one read and one write
+//! channel, each as fast as all drives striped, plus the drives' latency.
 
 use super::{HardwareSpec, Place};
 use crate::units::Nanos;
@@ -35,6 +38,7 @@ pub struct LinkBytes {
     pub network: u64,
     pub pcie: u64,
     pub nvlink: u64,
+    pub ssd: u64,
 }
 
 /// The state of every link of a cluster.
@@ -55,7 +59,8 @@ impl Network {
     pub fn new(spec: &HardwareSpec) -> Network {
         let nics = spec.network.nics_per_node as usize;
         let gpus = spec.total_gpus() as usize;
-        // Layout: [node NICs tx/rx][frontend NIC tx/rx][GPU PCIe tx/rx][GPU NVLink tx/rx].
+        // Layout: [node NICs tx/rx][frontend NIC tx/rx][GPU PCIe tx/rx][GPU NVLink tx/rx]
+        // [node SSD read/write].
         let mut links = Vec::with_capacity(2 * (spec.nodes as usize * nics + 1 + 2 * gpus));
         let nic = Link {
             bandwidth: spec.network.nic.bandwidth,
@@ -73,6 +78,17 @@ impl Network {
             ..nic
         };
         links.resize(links.len() + 2 * gpus, nvlink);
+        let drives = spec.ssd.drives as f64;
+        for _ in 0..spec.nodes {
+            links.push(Link {
+                bandwidth: drives * spec.ssd.read_bandwidth_per_drive,
+                ..nic
+            });
+            links.push(Link {
+                bandwidth: drives * spec.ssd.write_bandwidth_per_drive,
+                ..nic
+            });
+        }
         Network {
             spec: spec.clone(),
             links,
@@ -80,12 +96,18 @@ impl Network {
         }
     }
 
-    fn nic_link(&self, place: Place, dir: Dir) -> usize {
+    /// The NIC a place uses to talk to `peer`: a GPU uses NIC `gpu mod nics` (Polaris: GPUs
+    /// 0 and 2 on NIC 0, 1 and 3 on NIC 1); host memory uses the NIC of the GPU it talks to,
+    /// or NIC 0; the frontend has one NIC of its own.
+    fn nic_link(&self, place: Place, peer: Place, dir: Dir) -> usize {
         let nics = self.spec.network.nics_per_node;
+        let gpu_of = |p: Place| match p {
+            Place::Gpu { gpu, .. } => Some(gpu),
+            _ => None,
+        };
         let nic_index = match place {
             Place::Frontend => self.spec.nodes * nics,
-            Place::Host { node } => node * nics,
-            // GPU g of a node uses NIC g mod nics (Polaris: GPUs 0,2 on NIC 0; 1,3 on NIC 1).
+            Place::Host { node } => node * nics + gpu_of(peer).unwrap_or(0) % nics,
             Place::Gpu { node, gpu } => node * nics + gpu % nics,
         };
         2 * nic_index as usize + dir as usize
@@ -112,7 +134,10 @@ impl Network {
         let kind;
         match (from.node(), to.node()) {
             (a, b) if a != b => {
-                path = [self.nic_link(from, Dir::Tx), self.nic_link(to, Dir::Rx)];
+                path = [
+                    self.nic_link(from, to, Dir::Tx),
+                    self.nic_link(to, from, Dir::Rx),
+                ];
                 latency = self.spec.inter_node_latency();
                 kind = 0;
             }
@@ -159,6 +184,23 @@ impl Network {
             _ => self.totals.nvlink += bytes,
         }
         done + latency
+    }
+
+    fn ssd_base(&self) -> usize {
+        self.nvlink_base() + 2 * self.spec.total_gpus() as usize
+    }
+
+    /// Reads or writes `bytes` on `node`'s SSDs (striped over all drives), starting no earlier
+    /// than `now`, FIFO per direction; returns when the last byte is done.
+    pub fn ssd(&mut self, now: Nanos, node: u32, write: bool, bytes: u64) -> Nanos {
+        let l = self.ssd_base() + 2 * node as usize + write as usize;
+        let link = &mut self.links[l];
+        let start = now.max(link.free_at);
+        let done = start + Nanos::for_bytes(bytes, link.bandwidth);
+        link.free_at = done;
+        link.bytes += bytes;
+        self.totals.ssd += bytes;
+        done + self.spec.ssd.latency
     }
 
     pub fn totals(&self) -> LinkBytes {

@@ -8,6 +8,7 @@
 //! * `e2e     = end - arrival`
 //! * `reused_<tier>_tokens`: prompt tokens whose KV came from that tier instead of being
 //!   computed, at the request's first admission
+//! * `loaded_<tier>_bytes`: KV bytes loaded from that tier of the prefix store
 //! * `network_bytes`: bytes of the request and its response on the network (token ids)
 //!
 //! Per policy, over completed requests: mean and nearest-rank percentiles
@@ -29,6 +30,7 @@ pub struct Completion {
     pub instance: u32,
     pub admitted_at: Nanos,
     pub reused: [u32; Tier::ALL.len()],
+    pub loaded_bytes: [u64; Tier::ALL.len()],
     pub preemptions: u32,
 }
 
@@ -44,6 +46,7 @@ pub struct RequestRecord {
     pub first_token: Option<Nanos>,
     pub end: Option<Nanos>,
     pub reused: [u32; Tier::ALL.len()],
+    pub loaded_bytes: [u64; Tier::ALL.len()],
     pub preemptions: u32,
     pub network_bytes: u64,
     pub rejected: bool,
@@ -61,6 +64,7 @@ impl RequestRecord {
             first_token: None,
             end: None,
             reused: [0; Tier::ALL.len()],
+            loaded_bytes: [0; Tier::ALL.len()],
             preemptions: 0,
             network_bytes: 0,
             rejected: false,
@@ -97,6 +101,8 @@ impl RequestRecord {
 pub struct Report {
     pub records: Vec<RequestRecord>,
     pub instances: Vec<InstanceStats>,
+    /// What the prefix store did, under store policies.
+    pub store: Option<crate::store::metadata::StoreReport>,
     /// Broken invariants; a run with any is an error.
     pub violations: Vec<String>,
 }
@@ -143,11 +149,13 @@ pub struct Summary {
     pub queue: Dist,
     pub prefix_hit_ratio: f64,
     pub reused_tokens: [u64; Tier::ALL.len()],
+    pub loaded_bytes: [u64; Tier::ALL.len()],
     pub prompt_tokens: u64,
     pub preemptions: u64,
     pub gpu_block_evictions: u64,
     pub gpu_busy_ratio: f64,
     pub network_bytes: u64,
+    pub store: Option<crate::store::metadata::StoreReport>,
     pub events: u64,
 }
 
@@ -166,9 +174,13 @@ impl Summary {
             Dist::of(done.iter().filter_map(|r| f(r)).collect())
         };
         let mut reused_tokens = [0u64; Tier::ALL.len()];
+        let mut loaded_bytes = [0u64; Tier::ALL.len()];
         for r in &done {
             for (t, &n) in reused_tokens.iter_mut().zip(&r.reused) {
                 *t += n as u64;
+            }
+            for (t, &n) in loaded_bytes.iter_mut().zip(&r.loaded_bytes) {
+                *t += n;
             }
         }
         let prompt_tokens: u64 = done.iter().map(|r| r.prompt_tokens as u64).sum();
@@ -193,6 +205,7 @@ impl Summary {
                 0.0
             },
             reused_tokens,
+            loaded_bytes,
             prompt_tokens,
             preemptions: report.instances.iter().map(|s| s.preemptions).sum(),
             gpu_block_evictions: report.instances.iter().map(|s| s.pool.evictions).sum(),
@@ -202,6 +215,7 @@ impl Summary {
                 0.0
             },
             network_bytes: report.records.iter().map(|r| r.network_bytes).sum(),
+            store: report.store,
             events,
         }
     }
@@ -234,6 +248,7 @@ mod tests {
             first_token: Some(Nanos(1_100)),
             end: Some(Nanos(5_100)),
             reused: [0; 5],
+            loaded_bytes: [0; 5],
             preemptions: 0,
             network_bytes: 0,
             rejected: false,

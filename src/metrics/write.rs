@@ -6,8 +6,9 @@ use std::io::Write;
 
 use super::{RequestRecord, Summary};
 use crate::policy::Tier;
+use crate::units::Nanos;
 
-fn opt(v: Option<crate::units::Nanos>) -> String {
+fn opt(v: Option<Nanos>) -> String {
     v.map(|n| n.0.to_string()).unwrap_or_default()
 }
 
@@ -15,9 +16,24 @@ fn f3(x: f64) -> String {
     format!("{x:.3}")
 }
 
+fn names(list: &[&str]) -> impl Iterator<Item = String> {
+    list.iter().map(|s| s.to_string())
+}
+
+/// `reused_<tier>_tokens` for every tier, then `loaded_<tier>_bytes` for the store's tiers.
+fn tier_columns() -> impl Iterator<Item = String> {
+    let reused = Tier::ALL
+        .iter()
+        .map(|t| format!("reused_{}_tokens", t.name()));
+    let loaded = Tier::ALL[1..]
+        .iter()
+        .map(|t| format!("loaded_{}_bytes", t.name()));
+    reused.chain(loaded)
+}
+
 /// The header of `requests.csv`.
 pub fn request_header() -> Vec<String> {
-    let mut h: Vec<String> = [
+    names(&[
         "policy",
         "request",
         "arrival_ns",
@@ -26,28 +42,17 @@ pub fn request_header() -> Vec<String> {
         "prompt_tokens",
         "output_tokens",
         "reused_tokens",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    h.extend(
-        Tier::ALL
-            .iter()
-            .map(|t| format!("reused_{}_tokens", t.name())),
-    );
-    h.extend(
-        [
-            "queue_ns",
-            "ttft_ns",
-            "tpot_ns",
-            "e2e_ns",
-            "preemptions",
-            "network_bytes",
-        ]
-        .iter()
-        .map(|s| s.to_string()),
-    );
-    h
+    ])
+    .chain(tier_columns())
+    .chain(names(&[
+        "queue_ns",
+        "ttft_ns",
+        "tpot_ns",
+        "e2e_ns",
+        "preemptions",
+        "network_bytes",
+    ]))
+    .collect()
 }
 
 /// Writes `requests.csv` rows for the policies' records, in the given order.
@@ -66,21 +71,23 @@ pub fn write_requests<W: Write>(
             } else {
                 "unfinished"
             };
+            let instance = if r.instance == u32::MAX {
+                String::new()
+            } else {
+                r.instance.to_string()
+            };
             let mut row = vec![
                 policy.to_string(),
                 r.id.to_string(),
                 r.arrival.0.to_string(),
-                if r.instance == u32::MAX {
-                    String::new()
-                } else {
-                    r.instance.to_string()
-                },
+                instance,
                 status.to_string(),
                 r.prompt_tokens.to_string(),
                 r.output_tokens.to_string(),
                 r.reused_tokens().to_string(),
             ];
             row.extend(r.reused.iter().map(|t| t.to_string()));
+            row.extend(r.loaded_bytes[1..].iter().map(|b| b.to_string()));
             row.extend([
                 opt(r.queue()),
                 opt(r.ttft()),
@@ -98,7 +105,7 @@ pub fn write_requests<W: Write>(
 
 /// The header of `summary.csv`.
 pub fn summary_header() -> Vec<String> {
-    let mut h: Vec<String> = [
+    let mut h: Vec<String> = names(&[
         "policy",
         "requests",
         "completed",
@@ -106,36 +113,29 @@ pub fn summary_header() -> Vec<String> {
         "duration_s",
         "throughput_rps",
         "output_tokens_per_s",
-    ]
-    .iter()
-    .map(|s| s.to_string())
+    ])
     .collect();
     for m in ["ttft", "tpot", "e2e", "queue"] {
         for s in ["mean", "p50", "p90", "p99"] {
             h.push(format!("{m}_{s}_ms"));
         }
     }
-    h.extend(
-        ["prefix_hit_ratio", "prompt_tokens"]
-            .iter()
-            .map(|s| s.to_string()),
-    );
-    h.extend(
-        Tier::ALL
-            .iter()
-            .map(|t| format!("reused_{}_tokens", t.name())),
-    );
-    h.extend(
-        [
-            "preemptions",
-            "gpu_block_evictions",
-            "gpu_busy_ratio",
-            "network_bytes",
-            "events",
-        ]
-        .iter()
-        .map(|s| s.to_string()),
-    );
+    h.extend(names(&["prefix_hit_ratio", "prompt_tokens"]));
+    h.extend(tier_columns());
+    h.extend(names(&[
+        "preemptions",
+        "gpu_block_evictions",
+        "gpu_busy_ratio",
+        "network_bytes",
+        "store_lookups",
+        "store_tensors_stored",
+        "store_tensors_demoted",
+        "store_tensors_dropped",
+        "store_tensors_replicated",
+        "store_replicas_evicted",
+        "replication_bytes",
+        "events",
+    ]));
     h
 }
 
@@ -159,15 +159,52 @@ pub fn write_summary<W: Write>(out: W, summaries: &[Summary]) -> Result<(), csv:
         row.push(format!("{:.6}", s.prefix_hit_ratio));
         row.push(s.prompt_tokens.to_string());
         row.extend(s.reused_tokens.iter().map(|t| t.to_string()));
+        row.extend(s.loaded_bytes[1..].iter().map(|t| t.to_string()));
+        let st = s.store.unwrap_or_default();
         row.extend([
             s.preemptions.to_string(),
             s.gpu_block_evictions.to_string(),
             format!("{:.6}", s.gpu_busy_ratio),
             s.network_bytes.to_string(),
+            st.lookups.to_string(),
+            st.stats.stored.to_string(),
+            st.stats.demoted.to_string(),
+            st.stats.dropped.to_string(),
+            st.stats.replicated.to_string(),
+            st.stats.replicas_evicted.to_string(),
+            st.replication_bytes.to_string(),
             s.events.to_string(),
         ]);
         w.write_record(&row)?;
     }
     w.flush()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_have_one_column_per_value() {
+        let r = RequestRecord::new(
+            crate::workload::ReqId(0),
+            &crate::workload::Request {
+                arrival: Nanos(1),
+                segments: vec![],
+                prompt_tokens: 3,
+                output_tokens: 2,
+                context: 0,
+            },
+        );
+        let mut buf = Vec::new();
+        write_requests(&mut buf, &[("p", std::slice::from_ref(&r))]).unwrap();
+        let text = String::from_utf8(buf).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0].split(',').count(),
+            lines[1].split(',').count(),
+            "{text}"
+        );
+    }
 }

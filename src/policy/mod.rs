@@ -5,11 +5,17 @@
 //! scheduling, eviction mechanics), so adding a policy is one new file here plus its name in
 //! [`PolicyKind`].
 
+mod evostore;
 mod local_prefix;
+mod ptstore;
 mod vanilla;
 
+pub use evostore::EvoStore;
 pub use local_prefix::LocalPrefix;
+pub use ptstore::PtStore;
 pub use vanilla::Vanilla;
+
+use crate::store::{StoreConfig, StoreRules};
 
 use std::fmt;
 
@@ -48,6 +54,15 @@ impl Tier {
     }
 }
 
+/// Where store policies look, in order: the GPU cache first, then the store's tiers.
+const STORE_TIERS: &[Tier] = &[
+    Tier::Gpu,
+    Tier::LocalHost,
+    Tier::LocalSsd,
+    Tier::RemoteHost,
+    Tier::RemoteSsd,
+];
+
 /// A prefix-reuse policy.
 pub trait Policy: Send + Sync + fmt::Debug {
     /// The name used in scenarios and results.
@@ -59,6 +74,12 @@ pub trait Policy: Send + Sync + fmt::Debug {
     /// Whether full prompt blocks stay in GPU memory, indexed by their hash, once no running
     /// request uses them (until evicted least recently used first).
     fn keep_gpu_blocks(&self) -> bool;
+
+    /// For policies that use the distributed prefix store: what it stores, replicates and
+    /// evicts. `None` for policies without a store.
+    fn store_rules(&self) -> Option<StoreRules> {
+        None
+    }
 }
 
 /// The policies a scenario can name.
@@ -67,17 +88,29 @@ pub trait Policy: Send + Sync + fmt::Debug {
 pub enum PolicyKind {
     Vanilla,
     LocalPrefix,
+    #[serde(rename = "evostore")]
+    EvoStore,
+    #[serde(rename = "ptstore")]
+    PtStore,
 }
 
 impl PolicyKind {
-    pub fn build(self) -> Box<dyn Policy> {
+    /// The policy with the scenario's store settings.
+    pub fn build(self, store: &StoreConfig) -> Box<dyn Policy> {
         match self {
             PolicyKind::Vanilla => Box::new(Vanilla),
             PolicyKind::LocalPrefix => Box::new(LocalPrefix),
+            PolicyKind::EvoStore => Box::new(EvoStore::new(store)),
+            PolicyKind::PtStore => Box::new(PtStore::new(store)),
         }
     }
 
     pub fn name(self) -> &'static str {
-        self.build().name()
+        match self {
+            PolicyKind::Vanilla => "vanilla",
+            PolicyKind::LocalPrefix => "local-prefix",
+            PolicyKind::EvoStore => "evostore",
+            PolicyKind::PtStore => "ptstore",
+        }
     }
 }

@@ -5,6 +5,7 @@ use serde::Deserialize;
 
 use crate::policy::PolicyKind;
 use crate::serving::router::RouterStrategy;
+use crate::store::eviction::Eviction;
 
 fn default_seed() -> u64 {
     1
@@ -23,7 +24,75 @@ pub struct Raw {
     pub serving: RawServing,
     pub workload: RawWorkload,
     #[serde(default)]
+    pub store: RawStore,
+    #[serde(default)]
     pub limits: RawLimits,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawStore {
+    pub tensor_tokens: u32,
+    pub host_capacity_gib: f64,
+    /// Per node; all drives when absent.
+    pub ssd_capacity_gb: Option<f64>,
+    pub metadata_service_us: f64,
+    pub fetch_request_overhead_us: f64,
+    pub fetch_segment_overhead_us: f64,
+    pub gpu_prefix_cache: bool,
+    pub evostore: RawEvoStore,
+    pub ptstore: RawPtStore,
+}
+
+impl Default for RawStore {
+    fn default() -> Self {
+        RawStore {
+            tensor_tokens: 256,
+            host_capacity_gib: 256.0,
+            ssd_capacity_gb: None,
+            metadata_service_us: 5.0,
+            fetch_request_overhead_us: 10.0,
+            fetch_segment_overhead_us: 2.0,
+            gpu_prefix_cache: true,
+            evostore: RawEvoStore::default(),
+            ptstore: RawPtStore::default(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawEvoStore {
+    pub eviction: Eviction,
+}
+
+impl Default for RawEvoStore {
+    fn default() -> Self {
+        RawEvoStore {
+            eviction: Eviction::Lru,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawPtStore {
+    pub eviction: Eviction,
+    pub replica_fraction: f64,
+    /// 0 disables replication.
+    pub replicate_after_reads: u32,
+    pub consolidate: bool,
+}
+
+impl Default for RawPtStore {
+    fn default() -> Self {
+        RawPtStore {
+            eviction: Eviction::Gdsf,
+            replica_fraction: 0.25,
+            replicate_after_reads: 2,
+            consolidate: true,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]

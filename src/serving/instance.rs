@@ -23,18 +23,28 @@
 //! blocks are released (kept indexed if the policy keeps blocks). Only prompt blocks are hashed:
 //! the model does not know the ids of generated tokens.
 //!
+//! **Store policies.** If the policy uses the distributed prefix store, a request first asks
+//! the metadata service for its stored prefix (beyond what the GPU cache holds) and loads it
+//! (see [`crate::store`]); it joins the queue when the loads have arrived, and the loaded
+//! tokens count as computed at admission. After its prefill, the prompt's full tensors beyond
+//! the stored prefix are written to the node's store server. Reused tokens are attributed to
+//! the tier they came from; if the GPU cache changed between the lookup and the admission so
+//! that loaded tokens end up recomputed (rare), they are taken off the slowest tiers first.
+//!
 //! **Memory.** `num_blocks = floor((tp x GPU memory - weights - tp x reserve) / (block_size x
 //! KV bytes per token))`, computed by the scenario when it is validated.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use super::block_pool::{BlockId, BlockPool, PoolStats};
-use crate::actor::{Actor, Context, Msg, Work};
+use crate::actor::{Actor, Context, Lookup, Msg, Work};
+use crate::hardware::Place;
 use crate::metrics::{Completion, Report};
 use crate::model::cost::BatchShape;
 use crate::policy::{Policy, Tier};
 use crate::sim::kernel::ActorId;
+use crate::store::directory::{LoadPlan, Location};
 use crate::units::Nanos;
 use crate::workload::{ReqId, Trace};
 
@@ -46,6 +56,17 @@ pub struct InstanceConfig {
     pub max_num_seqs: u32,
     pub max_batched_tokens: u32,
     pub max_waiting: u32,
+}
+
+/// How an instance reaches the distributed prefix store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreLink {
+    pub metadata: ActorId,
+    /// Store server of every node, by node.
+    pub servers: Vec<ActorId>,
+    pub node: u32,
+    pub tensor_tokens: u32,
+    pub tensor_bytes: u64,
 }
 
 /// Counters of one instance, for results.
@@ -73,9 +94,32 @@ struct Seq {
     hashes: Vec<u64>,
     /// Prompt blocks already registered in the pool.
     registered: u32,
-    reused_gpu: u32,
+    /// Reused prompt tokens by tier, fixed at the first admission.
+    reused: [u32; Tier::ALL.len()],
+    /// Bytes loaded from each tier.
+    loaded_bytes: [u64; Tier::ALL.len()],
     preemptions: u32,
     admitted_at: Option<Nanos>,
+    /// Tensor ids of the prompt's full chunks (store policies).
+    chain: Vec<u64>,
+    /// Leading chunks the store held at the lookup.
+    stored_chunks: u32,
+    /// Tokens loaded from the store: `[load_start, load_end)`.
+    load_start: u32,
+    load_end: u32,
+    /// Planned tokens per tier of the load.
+    planned: [u32; Tier::ALL.len()],
+    /// Remote tensors to copy into the local replica cache once loaded.
+    replicate: Vec<u64>,
+    /// Whether the prompt's tensors were written to the store.
+    stored: bool,
+}
+
+/// A request waiting for its store lookup (`pending == None`) or loads.
+#[derive(Debug)]
+struct Loading {
+    seq: Seq,
+    pending: Option<u32>,
 }
 
 impl Seq {
@@ -97,6 +141,8 @@ pub struct Instance {
     busy_since: Option<Nanos>,
     stats: InstanceStats,
     look_in_gpu: bool,
+    store: Option<StoreLink>,
+    loading: BTreeMap<ReqId, Loading>,
 }
 
 impl Instance {
@@ -106,8 +152,10 @@ impl Instance {
         trace: Arc<Trace>,
         policy: Arc<dyn Policy>,
         cfg: InstanceConfig,
+        store: Option<StoreLink>,
     ) -> Instance {
         let look_in_gpu = policy.lookup_tiers().contains(&Tier::Gpu);
+        debug_assert_eq!(store.is_some(), policy.store_rules().is_some());
         Instance {
             index,
             router,
@@ -120,6 +168,8 @@ impl Instance {
             busy_since: None,
             stats: InstanceStats::default(),
             look_in_gpu,
+            store,
+            loading: BTreeMap::new(),
         }
     }
 
@@ -130,9 +180,9 @@ impl Instance {
         }
     }
 
-    /// Requests queued or running.
+    /// Requests loading, queued or running.
     pub fn load(&self) -> usize {
-        self.waiting.len() + self.running.len()
+        self.loading.len() + self.waiting.len() + self.running.len()
     }
 
     fn blocks_for(&self, tokens: u32) -> u32 {
@@ -145,17 +195,18 @@ impl Instance {
         // is never fed back.
         let most = r.prompt_tokens + r.output_tokens - 1;
         let never_fits = self.blocks_for(most) > self.cfg.num_blocks;
-        if never_fits || self.waiting.len() >= self.cfg.max_waiting as usize {
+        let queued = self.waiting.len() + self.loading.len();
+        if never_fits || queued >= self.cfg.max_waiting as usize {
             self.stats.rejected += 1;
             ctx.send(self.router, Msg::Rejected(req), 8);
             return;
         }
         let mut hashes = Vec::new();
-        if self.look_in_gpu {
+        if self.look_in_gpu || self.store.is_some() {
             self.trace
                 .block_hashes(req, self.cfg.block_size as usize, &mut hashes);
         }
-        self.waiting.push_back(Seq {
+        let mut seq = Seq {
             req,
             prompt_len: r.prompt_tokens,
             output_len: r.output_tokens,
@@ -165,13 +216,121 @@ impl Instance {
             blocks: Vec::new(),
             hashes,
             registered: 0,
-            reused_gpu: 0,
+            reused: [0; Tier::ALL.len()],
+            loaded_bytes: [0; Tier::ALL.len()],
             preemptions: 0,
             admitted_at: None,
-        });
+            chain: Vec::new(),
+            stored_chunks: 0,
+            load_start: 0,
+            load_end: 0,
+            planned: [0; Tier::ALL.len()],
+            replicate: Vec::new(),
+            stored: false,
+        };
+        if let Some(st) = &self.store {
+            // A tensor's id is the hash of the last block of its chunk (hashes are chained).
+            let per = (st.tensor_tokens / self.cfg.block_size) as usize;
+            seq.chain = seq.hashes.chunks_exact(per).map(|c| c[per - 1]).collect();
+            let gpu_blocks = if self.look_in_gpu {
+                self.pool.longest_cached_prefix(&seq.hashes).0
+            } else {
+                0
+            };
+            let skip = gpu_blocks / (per as u32);
+            if (skip as usize) < seq.chain.len() {
+                seq.load_start = skip * st.tensor_tokens;
+                let lookup = Lookup {
+                    req,
+                    from: ctx.me(),
+                    node: st.node,
+                    chain: seq.chain.clone(),
+                    skip,
+                };
+                let bytes = 16 + 8 * lookup.chain.len() as u64;
+                ctx.send(st.metadata, Msg::Lookup(Box::new(lookup)), bytes);
+                self.loading.insert(req, Loading { seq, pending: None });
+                return;
+            }
+        }
+        self.enqueue(seq, ctx);
+    }
+
+    fn enqueue(&mut self, seq: Seq, ctx: &mut dyn Context) {
+        self.waiting.push_back(seq);
         if self.busy_since.is_none() {
             self.step(ctx);
         }
+    }
+
+    /// The metadata service answered: start every load group at once.
+    fn lookup_reply(&mut self, req: ReqId, plan: LoadPlan, ctx: &mut dyn Context) {
+        let st = self.store.as_ref().expect("store policy");
+        let l = self
+            .loading
+            .get_mut(&req)
+            .expect("lookup of a loading request");
+        l.seq.stored_chunks = plan.stored_chunks;
+        if plan.groups.is_empty() {
+            let l = self.loading.remove(&req).expect("present");
+            self.enqueue(l.seq, ctx);
+            return;
+        }
+        l.pending = Some(plan.groups.len() as u32);
+        l.seq.load_end = plan.stored_chunks * st.tensor_tokens;
+        l.seq.replicate = plan.replicate;
+        for g in &plan.groups {
+            l.seq.planned[g.tier as usize] += g.tensors * st.tensor_tokens;
+            l.seq.loaded_bytes[g.tier as usize] += g.bytes;
+            match g.location {
+                Location::Host => ctx.start(
+                    Work::Fetch {
+                        from: Place::Host { node: g.node },
+                        bytes: g.bytes,
+                        segments: g.segments,
+                    },
+                    Msg::Loaded(req),
+                ),
+                Location::Ssd => ctx.send(
+                    st.servers[g.node as usize],
+                    Msg::ReadSsd {
+                        req,
+                        to: ctx.me(),
+                        bytes: g.bytes,
+                        segments: g.segments,
+                    },
+                    64,
+                ),
+            }
+        }
+    }
+
+    /// One load group arrived; when all have, the request joins the queue.
+    fn loaded(&mut self, req: ReqId, ctx: &mut dyn Context) {
+        let l = self
+            .loading
+            .get_mut(&req)
+            .expect("load of a loading request");
+        let pending = l.pending.as_mut().expect("loads were started");
+        *pending -= 1;
+        if *pending > 0 {
+            return;
+        }
+        let mut seq = self.loading.remove(&req).expect("present").seq;
+        if !seq.replicate.is_empty() {
+            let st = self.store.as_ref().expect("store policy");
+            let ids = std::mem::take(&mut seq.replicate);
+            let bytes = ids.len() as u64 * st.tensor_bytes;
+            ctx.send(
+                st.servers[st.node as usize],
+                Msg::StoreWrite {
+                    chain: Box::new(ids),
+                    replica: true,
+                },
+                bytes,
+            );
+        }
+        self.enqueue(seq, ctx);
     }
 
     fn preempt(&mut self, mut seq: Seq) {
@@ -245,7 +404,14 @@ impl Instance {
             } else {
                 (0, 0)
             };
-            let cached = hits * self.cfg.block_size;
+            let gpu_tokens = hits * self.cfg.block_size;
+            let aligned_max = reusable as u32 * self.cfg.block_size;
+            let store_usable = seq.load_end > gpu_tokens && gpu_tokens >= seq.load_start;
+            let cached = if store_usable {
+                seq.load_end.min(aligned_max).max(gpu_tokens)
+            } else {
+                gpu_tokens
+            };
             let n = (seq.known_tokens() - cached).min(*budget);
             let need = self.blocks_for(cached + n) - hits;
             if need > self.pool.free_blocks() - hits_free {
@@ -258,7 +424,15 @@ impl Instance {
             debug_assert!(ok);
             if seq.admitted_at.is_none() {
                 seq.admitted_at = Some(now);
-                seq.reused_gpu = cached;
+                seq.reused = seq.planned;
+                seq.reused[Tier::Gpu as usize] = gpu_tokens;
+                let from_store = if store_usable { cached - gpu_tokens } else { 0 };
+                let mut excess = seq.planned.iter().sum::<u32>() - from_store;
+                for tier in Tier::ALL[1..].iter().rev() {
+                    let take = excess.min(seq.reused[*tier as usize]);
+                    seq.reused[*tier as usize] -= take;
+                    excess -= take;
+                }
             }
             seq.computed = cached;
             seq.registered = hits;
@@ -293,6 +467,24 @@ impl Instance {
                 }
                 seq.registered = seq.registered.max(full);
             }
+            if !seq.stored
+                && seq.computed >= seq.prompt_len
+                && let Some(st) = &self.store
+            {
+                seq.stored = true;
+                let new =
+                    seq.chain.len() as u64 - (seq.stored_chunks as u64).min(seq.chain.len() as u64);
+                if new > 0 {
+                    ctx.send(
+                        st.servers[st.node as usize],
+                        Msg::StoreWrite {
+                            chain: Box::new(seq.chain.clone()),
+                            replica: false,
+                        },
+                        new * st.tensor_bytes,
+                    );
+                }
+            }
             if seq.computed < seq.known_tokens() {
                 i += 1;
                 continue;
@@ -307,15 +499,14 @@ impl Instance {
             }
             let seq = self.running.remove(i);
             self.pool.release(&seq.blocks);
-            let mut reused = [0u32; Tier::ALL.len()];
-            reused[Tier::Gpu as usize] = seq.reused_gpu;
             ctx.send(
                 self.router,
                 Msg::Finished(Box::new(Completion {
                     req: seq.req,
                     instance: self.index,
                     admitted_at: seq.admitted_at.unwrap_or(started),
-                    reused,
+                    reused: seq.reused,
+                    loaded_bytes: seq.loaded_bytes,
                     preemptions: seq.preemptions,
                 })),
                 4 * (seq.output_len as u64 - 1),
@@ -331,6 +522,8 @@ impl Actor for Instance {
             Msg::Start => {}
             Msg::Submit(req) => self.submit(req, ctx),
             Msg::WorkDone => self.work_done(ctx),
+            Msg::LookupReply(req, plan) => self.lookup_reply(req, *plan, ctx),
+            Msg::Loaded(req) => self.loaded(req, ctx),
             other => panic!("instance {} cannot handle {other:?}", self.index),
         }
     }

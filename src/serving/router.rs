@@ -105,6 +105,7 @@ impl Actor for Router {
                 record.end = Some(ctx.now());
                 record.admitted = Some(c.admitted_at);
                 record.reused = c.reused;
+                record.loaded_bytes = c.loaded_bytes;
                 record.preemptions = c.preemptions;
                 record.network_bytes += TOKEN_ID_BYTES * (record.output_tokens as u64 - 1);
                 self.done(c.req);

@@ -6,6 +6,9 @@
 //!   links between the two actors' places ([`Network::transfer`], FIFO per link);
 //! * `start(Work::Batch)`: the batch ends after the roofline duration of the cost model
 //!   ([`CostModel::iteration`]);
+//! * `start(Work::Fetch)`: after the posting overhead (per request plus per segment), the bytes
+//!   cross the links from the source to the actor's place;
+//! * `start(Work::Ssd)`: the bytes cross the node's SSD read or write channel;
 //! * `timer`: after exactly the requested delay;
 //! * `rng`: the actor's own ChaCha8 stream, numbered `ACTOR_BASE + actor id`.
 //!
@@ -34,9 +37,18 @@ pub struct SimHost {
     network: Network,
     cost: CostModel,
     seed: u64,
+    fetch_overhead: FetchOverhead,
+}
+
+/// Fixed costs of posting a bulk fetch: per request and per gathered segment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FetchOverhead {
+    pub request: Nanos,
+    pub segment: Nanos,
 }
 
 struct SimCtx<'a> {
+    fetch_overhead: FetchOverhead,
     kernel: &'a mut Kernel<Msg>,
     network: &'a mut Network,
     cost: &'a CostModel,
@@ -52,12 +64,12 @@ impl Context for SimCtx<'_> {
     fn me(&self) -> ActorId {
         self.me
     }
-    fn send(&mut self, to: ActorId, msg: Msg, payload_bytes: u64) {
+    fn send_after(&mut self, delay: Nanos, to: ActorId, msg: Msg, payload_bytes: u64) {
         let from = self.places[self.me.0 as usize];
         let dest = self.places[to.0 as usize];
         let at = self
             .network
-            .transfer(self.kernel.now(), from, dest, payload_bytes);
+            .transfer(self.kernel.now() + delay, from, dest, payload_bytes);
         self.kernel.schedule(at, to, msg);
     }
     fn timer(&mut self, after: Nanos, msg: Msg) {
@@ -65,10 +77,24 @@ impl Context for SimCtx<'_> {
         self.kernel.schedule(at, self.me, msg);
     }
     fn start(&mut self, work: Work, done: Msg) {
-        let d = match work {
-            Work::Batch(shape) => self.cost.iteration(&shape),
+        let now = self.kernel.now();
+        let here = self.places[self.me.0 as usize];
+        let at = match work {
+            Work::Batch(shape) => now + self.cost.iteration(&shape),
+            Work::Fetch {
+                from,
+                bytes,
+                segments,
+            } => {
+                let overhead = self.fetch_overhead.request
+                    + Nanos(self.fetch_overhead.segment.0 * segments as u64);
+                self.network.transfer(now + overhead, from, here, bytes)
+            }
+            Work::Ssd { write, bytes } => {
+                let node = here.node().expect("SSD work runs on a node");
+                self.network.ssd(now, node, write, bytes)
+            }
         };
-        let at = self.kernel.now() + d;
         self.kernel.schedule(at, self.me, done);
     }
     fn rng(&mut self) -> &mut Stream {
@@ -93,7 +119,12 @@ impl SimHost {
             network,
             cost,
             seed,
+            fetch_overhead: FetchOverhead::default(),
         }
+    }
+
+    pub fn set_fetch_overhead(&mut self, o: FetchOverhead) {
+        self.fetch_overhead = o;
     }
 
     /// Adds an actor running at `place`; ids are given in order from 0.
@@ -122,6 +153,7 @@ impl SimHost {
         while let Some(event) = self.kernel.pop()? {
             let slot = &mut self.slots[event.target.0 as usize];
             let mut ctx = SimCtx {
+                fetch_overhead: self.fetch_overhead,
                 kernel: &mut self.kernel,
                 network: &mut self.network,
                 cost: &self.cost,

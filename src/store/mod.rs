@@ -1,0 +1,78 @@
+//! Distributed prefix tensor stores (EvoStore-like and PTStore).
+//!
+//! Every node runs a **store server** ([`server::StoreServer`]) that pools the node's host
+//! memory and SSDs for the GPU instances of its own node (over PCIe) and of other nodes (over
+//! the NICs). One **metadata service** ([`metadata::Metadata`]) at node 0's host keeps the
+//! flat records of what is stored where ([`directory::Directory`]) and makes every placement,
+//! eviction and replication decision; the servers and instances move the bytes.
+//!
+//! The life of a request under a store policy:
+//!
+//! 1. On arrival at an instance, the instance sends the chain of its prompt's tensor ids to the
+//!    metadata service (one request; payload 8 bytes per id), skipping the tensors its own GPU
+//!    cache already holds. The service answers after `metadata_service_us` (requests queue
+//!    FIFO) with the load plan: per source (node and tier) the tensors, bytes and segments.
+//! 2. The instance loads every group at once: from host memory it posts one bulk read (RDMA
+//!    from another node, a copy over PCIe from its own), paying the per-request and
+//!    per-segment overhead; from SSD it asks that node's server, which reads the SSD and sends
+//!    the bytes. The request queues for admission when all groups have arrived; its loaded
+//!    tokens are not recomputed (TTFT = lookup + loads + queueing + prefill of the rest).
+//! 3. After its prefill, the instance writes the tensors beyond the stored prefix to its own
+//!    node's server (GPU to host over PCIe); the server registers them with the metadata
+//!    service, which evicts, demotes (the server then writes to SSD) or drops as needed.
+//! 4. PTStore only: when the plan says a remote prefix is now hot, the instance copies what it
+//!    loaded remotely into its own node's replica cache (GPU to host over PCIe).
+//!
+//! Not modelled: KV memory is not reserved while a load is in flight (the request takes its
+//! blocks at admission); metadata updates are instantaneous at the service; SSD reads do not
+//! promote tensors back to host memory. The model is not split into layer ranges here (one
+//! instance holds all layers), so a tensor covers every layer of its chunk.
+
+pub mod directory;
+pub mod eviction;
+pub mod metadata;
+pub mod server;
+
+use eviction::Eviction;
+
+use crate::units::Nanos;
+
+/// The scenario's `[store]` settings, validated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoreConfig {
+    /// Tokens per tensor (a multiple of the KV block size).
+    pub tensor_tokens: u32,
+    pub host_capacity_bytes: u64,
+    pub ssd_capacity_bytes: u64,
+    pub metadata_service: Nanos,
+    pub fetch_request_overhead: Nanos,
+    pub fetch_segment_overhead: Nanos,
+    /// Whether store policies also keep the GPU-local prefix cache.
+    pub gpu_prefix_cache: bool,
+    pub evostore: EvoStoreConfig,
+    pub ptstore: PtStoreConfig,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct EvoStoreConfig {
+    pub eviction: Eviction,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct PtStoreConfig {
+    pub eviction: Eviction,
+    /// Fraction of a server's host capacity the replica cache may use.
+    pub replica_fraction: f64,
+    /// Replicate after this many remote reads of a tensor by one node; `None` disables it.
+    pub replicate_after_reads: Option<u32>,
+    pub consolidate: bool,
+}
+
+/// What a store policy does beyond EvoStore's incremental store.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StoreRules {
+    pub eviction: Eviction,
+    pub replica_fraction: f64,
+    pub replicate_after_reads: Option<u32>,
+    pub consolidate: bool,
+}

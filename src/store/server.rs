@@ -1,0 +1,53 @@
+//! The store server of one node: it does the I/O that needs the node's CPU. Reads from host
+//! memory are one-sided (the reader's bulk fetch, no server work); SSD reads go through the
+//! server, which reads the drives and sends the bytes to the reader; writes from local GPUs
+//! land in host memory and are registered with the metadata service; demotions decided by the
+//! metadata service are written to SSD in the background (they occupy the SSD write channel).
+
+use crate::actor::{Actor, Context, Msg, Work};
+use crate::metrics::Report;
+use crate::sim::kernel::ActorId;
+
+pub struct StoreServer {
+    node: u32,
+    metadata: ActorId,
+}
+
+impl StoreServer {
+    pub fn new(node: u32, metadata: ActorId) -> StoreServer {
+        StoreServer { node, metadata }
+    }
+}
+
+impl Actor for StoreServer {
+    fn handle(&mut self, msg: Msg, ctx: &mut dyn Context) {
+        match msg {
+            Msg::Start | Msg::WorkDone => {}
+            Msg::ReadSsd { req, to, bytes, .. } => ctx.start(
+                Work::Ssd {
+                    write: false,
+                    bytes,
+                },
+                Msg::SsdReadDone { req, to, bytes },
+            ),
+            Msg::SsdReadDone { req, to, bytes } => ctx.send(to, Msg::Loaded(req), bytes),
+            Msg::StoreWrite { chain, replica } => {
+                let bytes = 8 * chain.len() as u64;
+                let node = self.node;
+                ctx.send(
+                    self.metadata,
+                    Msg::Insert {
+                        chain,
+                        node,
+                        replica,
+                    },
+                    bytes,
+                );
+            }
+            Msg::Demote { bytes } => ctx.start(Work::Ssd { write: true, bytes }, Msg::WorkDone),
+            other => panic!("store server {} cannot handle {other:?}", self.node),
+        }
+    }
+
+    fn report(&self, _report: &mut Report) {}
+}
