@@ -19,7 +19,9 @@
 //! to the writer's host memory (the writer owns them). To make room, replicas are evicted first
 //! (they can be fetched again); then owned tensors are *demoted* to SSD; a tensor is dropped
 //! only when SSD is full too, and dropping a tensor drops its descendants (they are unreachable
-//! without it) and its replicas everywhere. Each tier evicts in LRU or GDSF order
+//! without it) and its replicas everywhere. Victims are taken from the leaves of the prefix
+//! trie first (tensors without stored children), in LRU or GDSF order; when SSD has no leaf
+//! to drop, the tensor being demoted is dropped instead. A prefix thus shrinks from its end. Each tier evicts in LRU or GDSF order
 //! ([`super::eviction`]); GDSF's cost is the time to get the tensor back: SSD read instead of
 //! host read for a demotion, recomputation for a drop, a network fetch for a replica.
 //!
@@ -82,6 +84,7 @@ pub enum StoreEvent {
     Dropped {
         node: u32,
         index: u32,
+        id: TensorId,
     },
     Replicated {
         node: u32,
@@ -348,6 +351,14 @@ impl Directory {
                 break;
             }
             let region = match parent {
+                // Later tensors of one increment are written contiguously after the first.
+                Some(p)
+                    if i > start
+                        && self.tensors[&p].owner == owner
+                        && self.region_tail.get(&self.tensors[&p].region) == Some(&p) =>
+                {
+                    self.tensors[&p].region
+                }
                 Some(p)
                     if self.params.consolidate
                         && self.tensors[&p].owner == owner
@@ -413,7 +424,10 @@ impl Directory {
                 out.replicas_evicted += 1;
                 continue;
             }
-            let Some(victim) = self.servers[node as usize].host_q.pop() else {
+            let tensors = &self.tensors;
+            let q = &mut self.servers[node as usize].host_q;
+            let leaf = |id: u64| tensors[&id].children.is_empty();
+            let Some(victim) = q.pop_first_where(leaf).or_else(|| q.pop()) else {
                 return false;
             };
             out.demoted += 1;
@@ -461,8 +475,10 @@ impl Directory {
             .expect("demoted tensor exists")
             .loc = Location::Ssd;
         while self.servers[node as usize].ssd_bytes + bytes > self.params.ssd_capacity {
-            let Some(victim) = self.servers[node as usize].ssd_q.pop() else {
-                // SSD holds nothing and still cannot take it: drop the tensor.
+            let tensors = &self.tensors;
+            let q = &mut self.servers[node as usize].ssd_q;
+            let Some(victim) = q.pop_first_where(|v| tensors[&v].children.is_empty()) else {
+                // No leaf on SSD can go: the tensor being demoted goes instead.
                 out.dropped += self.drop_tree(id);
                 return true;
             };
@@ -528,6 +544,7 @@ impl Directory {
             self.record(StoreEvent::Dropped {
                 node: t.owner,
                 index: t.index,
+                id,
             });
         }
         n
@@ -538,30 +555,37 @@ impl Directory {
     /// tensors out. Returns how many were added.
     pub fn add_replicas(&mut self, node: u32, ids: &[TensorId]) -> u32 {
         let bytes = self.params.tensor_bytes;
-        self.next_region += 1;
-        let region = self.next_region;
-        let mut added = 0;
-        for &id in ids {
-            let Some(t) = self.tensors.get(&id) else {
-                continue;
-            };
-            if t.owner == node || self.servers[node as usize].replicas.contains_key(&id) {
-                continue;
-            }
-            let index = t.index;
-            // Bounded: each round evicts one replica.
-            while self.servers[node as usize].replica_bytes + bytes > self.params.replica_capacity
-                || self.host_used(node) + bytes > self.params.host_capacity
-            {
-                if !self.evict_replica(node) {
-                    break;
-                }
-            }
-            if self.servers[node as usize].replica_bytes + bytes > self.params.replica_capacity
-                || self.host_used(node) + bytes > self.params.host_capacity
-            {
+        let wanted: Vec<TensorId> = ids
+            .iter()
+            .copied()
+            .filter(|id| {
+                self.tensors.get(id).is_some_and(|t| t.owner != node)
+                    && !self.servers[node as usize].replicas.contains_key(id)
+            })
+            .collect();
+        // Keep the beginning of the prefix if the whole does not fit in the replica cache.
+        let fit = (self.params.replica_capacity / bytes) as usize;
+        let wanted = &wanted[..wanted.len().min(fit)];
+        let need = wanted.len() as u64 * bytes;
+        // Evict older replicas (bounded: one per round) until the batch fits.
+        while self.servers[node as usize].replica_bytes + need > self.params.replica_capacity
+            || self.host_used(node) + need > self.params.host_capacity
+        {
+            if !self.evict_replica(node) {
                 break;
             }
+        }
+        let room_replicas =
+            self.params.replica_capacity - self.servers[node as usize].replica_bytes;
+        let room_host = self
+            .params
+            .host_capacity
+            .saturating_sub(self.host_used(node));
+        let n = (room_replicas.min(room_host) / bytes) as usize;
+        let wanted = &wanted[..wanted.len().min(n)];
+        self.next_region += 1;
+        let region = self.next_region;
+        for &id in wanted {
             let tick = self.next_tick();
             let value = self.params.net_ns_per_byte;
             let s = &mut self.servers[node as usize];
@@ -569,16 +593,13 @@ impl Directory {
             s.replica_bytes += bytes;
             s.replica_q.insert(id, 1, value, tick);
             s.remote_reads.remove(&id);
-            self.tensors
-                .get_mut(&id)
-                .expect("checked above")
-                .replicas
-                .push(node);
-            added += 1;
+            let t = self.tensors.get_mut(&id).expect("filtered above");
+            t.replicas.push(node);
+            let index = t.index;
             self.stats.replicated += 1;
             self.record(StoreEvent::Replicated { node, index });
         }
-        added
+        wanted.len() as u32
     }
 
     /// Bytes per server: (owned in host memory, replicas, SSD).
@@ -666,5 +687,166 @@ impl Directory {
         let mut v: Vec<TensorId> = self.tensors.keys().copied().collect();
         v.sort_unstable();
         v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hash::{ROOT_PARENT, block_hash};
+
+    /// Tensor ids of a prompt made of `symbols`, one symbol per chunk.
+    pub(crate) fn chain(symbols: &[u32]) -> Vec<TensorId> {
+        let mut parent = ROOT_PARENT;
+        symbols
+            .iter()
+            .map(|&s| {
+                parent = block_hash(parent, &[s]);
+                parent
+            })
+            .collect()
+    }
+
+    pub(crate) fn params(nodes: u32, host: u64, replicas: u64, ssd: u64) -> StoreParams {
+        StoreParams {
+            nodes,
+            tensor_bytes: 100,
+            host_capacity: host * 100,
+            replica_capacity: replicas * 100,
+            ssd_capacity: ssd * 100,
+            eviction: Eviction::Lru,
+            consolidate: true,
+            replicate_after_reads: Some(2),
+            host_ns_per_byte: 0.04,
+            ssd_ns_per_byte: 0.15,
+            net_ns_per_byte: 0.04,
+            recompute_base_ns: 1e6,
+            recompute_per_index_ns: 1e4,
+        }
+    }
+
+    #[test]
+    fn storing_adds_only_what_lies_beyond_the_longest_common_prefix() {
+        let mut d = Directory::new(params(2, 100, 0, 100));
+        // A 12-chunk prompt, then one that shares 10 chunks and diverges.
+        let a: Vec<u32> = (0..12).collect();
+        let mut b: Vec<u32> = (0..10).collect();
+        b.extend([90, 91, 92]);
+        assert_eq!(d.insert(&chain(&a), 0).new_tensors, 12);
+        assert_eq!(d.insert(&chain(&b), 1).new_tensors, 3);
+        assert_eq!(d.len(), 15);
+        // A prompt that extends a stored one adds only its tail.
+        let mut c = a.clone();
+        c.extend([12, 13]);
+        assert_eq!(d.insert(&chain(&c), 1).new_tensors, 2);
+        // A prompt that is a prefix of a stored one adds nothing, and is found whole.
+        assert_eq!(d.insert(&chain(&a[..5]), 0).new_tensors, 0);
+        assert_eq!(d.stored_prefix(&chain(&a[..5])), 5);
+        assert_eq!(d.stored_prefix(&chain(&b)), 13);
+        assert_eq!(d.stored_prefix(&chain(&[0, 1, 2, 77])), 3);
+        assert_eq!(
+            d.stored_prefix(&chain(&[5])),
+            0,
+            "same symbol, other parent"
+        );
+        d.check().unwrap();
+    }
+
+    #[test]
+    fn a_lookup_plans_one_group_per_source_and_counts_segments() {
+        let mut d = Directory::new(params(2, 100, 0, 100));
+        d.insert(&chain(&[0, 1, 2]), 0);
+        d.insert(&chain(&[0, 1, 2, 3, 4]), 0); // consolidated onto [0, 1, 2]
+        d.insert(&chain(&[0, 1, 2, 3, 4, 5]), 1);
+        let plan = d.lookup(&chain(&[0, 1, 2, 3, 4, 5, 6]), 1, 1);
+        assert_eq!(plan.stored_chunks, 6);
+        assert_eq!(
+            plan.groups,
+            vec![
+                LoadGroup {
+                    node: 0,
+                    location: Location::Host,
+                    tier: Tier::RemoteHost,
+                    tensors: 4,
+                    bytes: 400,
+                    segments: 1,
+                },
+                LoadGroup {
+                    node: 1,
+                    location: Location::Host,
+                    tier: Tier::LocalHost,
+                    tensors: 1,
+                    bytes: 100,
+                    segments: 1,
+                },
+            ]
+        );
+        // Without consolidation the second increment is a segment of its own.
+        let mut p = params(2, 100, 0, 100);
+        p.consolidate = false;
+        let mut e = Directory::new(p);
+        e.insert(&chain(&[0, 1, 2]), 0);
+        e.insert(&chain(&[0, 1, 2, 3, 4]), 0);
+        let plan = e.lookup(&chain(&[0, 1, 2, 3, 4]), 0, 1);
+        assert_eq!(plan.groups[0].segments, 2);
+    }
+
+    #[test]
+    fn replicas_go_before_owned_tensors_and_owned_ones_are_demoted_then_dropped() {
+        // Node 0: room for 4 tensors in host memory (2 of them replicas), 2 on SSD.
+        let mut d = Directory::new(params(2, 4, 2, 2));
+        d.events = Some(Vec::new());
+        d.insert(&chain(&[1, 2]), 1);
+        // Node 0 reads node 1's prefix twice: the second read asks for replication.
+        assert!(d.lookup(&chain(&[1, 2]), 0, 0).replicate.is_empty());
+        let plan = d.lookup(&chain(&[1, 2]), 0, 0);
+        assert_eq!(plan.replicate.len(), 2);
+        assert_eq!(d.add_replicas(0, &plan.replicate), 2);
+        assert_eq!(d.usage(0), (0, 200, 0));
+        // Two owned tensors fit next to the replicas; the third evicts a replica first.
+        d.insert(&chain(&[7, 8, 9]), 0);
+        assert_eq!(d.usage(0), (300, 100, 0));
+        // Four more: the last replica goes, then the chain's newest tensors are demoted, and
+        // when SSD is full the tensor being demoted is dropped: the stored prefix is cut.
+        d.insert(&chain(&[7, 8, 9, 10, 11, 12, 13]), 0);
+        assert_eq!(d.usage(0), (300, 0, 200));
+        assert_eq!(d.stored_prefix(&chain(&[7, 8, 9, 10, 11, 12, 13])), 5);
+        let events = d.events.take().unwrap();
+        let first_demotion = events
+            .iter()
+            .position(|e| matches!(e, StoreEvent::Demoted { .. }))
+            .unwrap();
+        let last_replica_eviction = events
+            .iter()
+            .rposition(|e| matches!(e, StoreEvent::ReplicaEvicted { .. }))
+            .unwrap();
+        assert!(last_replica_eviction < first_demotion);
+        assert!(
+            events
+                .iter()
+                .any(|e| matches!(e, StoreEvent::Dropped { .. }))
+        );
+        d.check().unwrap();
+    }
+
+    #[test]
+    fn dropping_a_tensor_drops_its_descendants_on_every_node() {
+        let mut d = Directory::new(params(2, 3, 2, 0));
+        d.insert(&chain(&[1, 2, 3]), 0);
+        d.insert(&chain(&[1, 2, 3, 4]), 1);
+        // Node 1 reads node 0's part twice and replicates what fits beside its own tensor.
+        d.lookup(&chain(&[1, 2, 3, 4]), 0, 1);
+        let plan = d.lookup(&chain(&[1, 2, 3, 4]), 0, 1);
+        assert_eq!(plan.replicate.len(), 3);
+        assert_eq!(d.add_replicas(1, &plan.replicate), 2);
+        assert_eq!(d.usage(1), (100, 200, 0));
+        // Node 0 is full and none of its tensors is a leaf (tensor 4 on node 1 extends them):
+        // a new prompt there drops its least recently used tensor (3: lookups touch a prefix
+        // from its end) and, with it, tensor 4 on node 1. There is no SSD to demote to.
+        d.insert(&chain(&[9]), 0);
+        assert_eq!(d.stored_prefix(&chain(&[1, 2, 3, 4])), 2);
+        assert_eq!(d.usage(1), (0, 200, 0));
+        assert_eq!(d.len(), 3);
+        d.check().unwrap();
     }
 }

@@ -119,7 +119,14 @@ impl EvictionQueue {
 
     /// Removes and returns the entry to evict first, advancing the GDSF clock.
     pub fn pop(&mut self) -> Option<u64> {
-        let (key, id) = self.order.pop_first()?;
+        self.pop_first_where(|_| true)
+    }
+
+    /// Removes and returns the first entry in eviction order for which `eligible` holds
+    /// (scanning at most the whole queue), advancing the GDSF clock.
+    pub fn pop_first_where(&mut self, mut eligible: impl FnMut(u64) -> bool) -> Option<u64> {
+        let &(key, id) = self.order.iter().find(|&&(_, id)| eligible(id))?;
+        self.order.remove(&(key, id));
         self.entries.remove(&id);
         if self.kind == Eviction::Gdsf {
             self.clock = f64::from_bits(key);
