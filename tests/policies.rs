@@ -94,3 +94,69 @@ fn local_prefix_hits_only_what_fits_in_free_kv_memory() {
         roomy.summary.prefix_hit_ratio
     );
 }
+
+#[test]
+fn ptstore_without_replication_or_consolidation_gives_evostores_results() {
+    let mut s = common::small();
+    s.store.ptstore.replicate_after_reads = None;
+    s.store.ptstore.consolidate = false;
+    s.store.ptstore.eviction = s.store.evostore.eviction;
+    let t = Arc::new(trace(&s));
+    let evo = simulate(&s, t.clone(), PolicyKind::EvoStore).unwrap();
+    let pt = simulate(&s, t, PolicyKind::PtStore).unwrap();
+    assert!(evo.summary.prefix_hit_ratio > 0.5);
+    assert_eq!(evo.report.records, pt.report.records);
+    let mut ps = pt.summary.clone();
+    ps.policy = evo.summary.policy.clone();
+    assert_eq!(ps, evo.summary);
+}
+
+#[test]
+fn store_policies_reuse_prefixes_across_instances_and_never_lose_to_local_prefix() {
+    // Round-robin routing spreads the questions of a context over every instance: only a
+    // shared store lets an instance reuse a context another instance prefilled.
+    let mut s = common::small();
+    s.serving.router = meshsim::serving::router::RouterStrategy::RoundRobin;
+    let t = Arc::new(trace(&s));
+    let local = simulate(&s, t.clone(), PolicyKind::LocalPrefix).unwrap();
+    let evo = simulate(&s, t.clone(), PolicyKind::EvoStore).unwrap();
+    let pt = simulate(&s, t, PolicyKind::PtStore).unwrap();
+    for run in [&evo, &pt] {
+        assert!(run.report.records.iter().all(|r| r.completed()));
+        assert!(run.summary.prefix_hit_ratio > local.summary.prefix_hit_ratio);
+        assert!(run.summary.ttft.mean <= local.summary.ttft.mean);
+        let from_store: u64 = run.summary.reused_tokens[1..].iter().sum();
+        assert!(
+            from_store > 0,
+            "{} loaded nothing from the store",
+            run.summary.policy
+        );
+    }
+}
+
+#[test]
+fn a_store_under_memory_pressure_demotes_to_ssd_and_serves_from_it() {
+    let mut s = common::small();
+    s.serving.router = meshsim::serving::router::RouterStrategy::RoundRobin;
+    s.workload.dataset = meshsim::workload::qa::Dataset::Wikiqa;
+    s.workload.requests = 600;
+    s.serving.instance.num_blocks = 1_000; // small GPU caches: the store must serve
+    let tensor = s.store.tensor_tokens as u64 * s.model.kv_bytes_per_token();
+    s.store.host_capacity_bytes = 40 * tensor;
+    s.store.ssd_capacity_bytes = 120 * tensor;
+    let t = Arc::new(trace(&s));
+    for policy in [PolicyKind::EvoStore, PolicyKind::PtStore] {
+        let run = simulate(&s, t.clone(), policy).unwrap();
+        let st = run.summary.store.unwrap();
+        assert!(run.report.records.iter().all(|r| r.completed()));
+        assert!(st.stats.demoted > 0, "{policy:?}: {st:?}");
+        assert!(st.stats.dropped > 0, "{policy:?}: {st:?}");
+        let ssd = run.summary.loaded_bytes[meshsim::Tier::LocalSsd as usize]
+            + run.summary.loaded_bytes[meshsim::Tier::RemoteSsd as usize];
+        assert!(
+            ssd > 0,
+            "{policy:?} never read from SSD: {:?}",
+            run.summary.loaded_bytes
+        );
+    }
+}

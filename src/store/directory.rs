@@ -439,8 +439,13 @@ impl Directory {
     }
 
     fn evict_replica(&mut self, node: u32) -> bool {
+        self.evict_replica_except(node, &[])
+    }
+
+    /// Evicts one replica on `node` that is not in `keep`.
+    fn evict_replica_except(&mut self, node: u32, keep: &[TensorId]) -> bool {
         let server = &mut self.servers[node as usize];
-        let Some(id) = server.replica_q.pop() else {
+        let Some(id) = server.replica_q.pop_first_where(|id| !keep.contains(&id)) else {
             return false;
         };
         server.replicas.remove(&id);
@@ -482,6 +487,8 @@ impl Directory {
                 out.dropped += self.drop_tree(id);
                 return true;
             };
+            // Out of its queue now: its bytes leave here, not in `drop_tree`.
+            self.servers[node as usize].ssd_bytes -= bytes;
             out.dropped += self.drop_tree(victim);
             if !self.tensors.contains_key(&id) {
                 // The victim was an ancestor of `id`: it is gone with it.
@@ -567,11 +574,16 @@ impl Directory {
         let fit = (self.params.replica_capacity / bytes) as usize;
         let wanted = &wanted[..wanted.len().min(fit)];
         let need = wanted.len() as u64 * bytes;
+        // The batch's own ancestors stay: evicting them would split the prefix it extends.
+        let keep = wanted
+            .first()
+            .map(|&first| self.path_to(first))
+            .unwrap_or_default();
         // Evict older replicas (bounded: one per round) until the batch fits.
         while self.servers[node as usize].replica_bytes + need > self.params.replica_capacity
             || self.host_used(node) + need > self.params.host_capacity
         {
-            if !self.evict_replica(node) {
+            if !self.evict_replica_except(node, &keep) {
                 break;
             }
         }

@@ -1,0 +1,139 @@
+//! Property tests of the prefix store's bookkeeping ([`Directory`]): random sequences of
+//! inserts, lookups and replications on random capacities, checked after every step.
+
+use std::collections::BTreeSet;
+
+use meshsim::hash::{ROOT_PARENT, block_hash};
+use meshsim::store::directory::{Directory, StoreEvent, StoreParams, TensorId};
+use meshsim::store::eviction::Eviction;
+use proptest::prelude::*;
+
+fn chain(symbols: &[u8]) -> Vec<TensorId> {
+    let mut parent = ROOT_PARENT;
+    symbols
+        .iter()
+        .map(|&s| {
+            parent = block_hash(parent, &[s as u32]);
+            parent
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Insert {
+        prompt: Vec<u8>,
+        node: u32,
+    },
+    Lookup {
+        prompt: Vec<u8>,
+        skip: usize,
+        reader: u32,
+    },
+}
+
+fn op(nodes: u32) -> impl Strategy<Value = Op> {
+    // A 3-symbol alphabet and short prompts make shared and divergent prefixes common.
+    let prompt = prop::collection::vec(0u8..3, 1..8);
+    prop_oneof![
+        (prompt.clone(), 0..nodes).prop_map(|(prompt, node)| Op::Insert { prompt, node }),
+        (prompt, 0usize..3, 0..nodes).prop_map(|(prompt, skip, reader)| Op::Lookup {
+            prompt,
+            skip,
+            reader
+        }),
+    ]
+}
+
+fn params() -> impl Strategy<Value = StoreParams> {
+    (
+        1u32..4,
+        1u64..8,
+        0u64..4,
+        0u64..6,
+        prop::bool::ANY,
+        prop::bool::ANY,
+        0u32..3,
+    )
+        .prop_map(
+            |(nodes, host, rep, ssd, gdsf, consolidate, after)| StoreParams {
+                nodes,
+                tensor_bytes: 10,
+                host_capacity: host * 10,
+                replica_capacity: rep.min(host) * 10,
+                ssd_capacity: ssd * 10,
+                eviction: if gdsf { Eviction::Gdsf } else { Eviction::Lru },
+                consolidate,
+                replicate_after_reads: (after > 0).then_some(after),
+                host_ns_per_byte: 0.04,
+                ssd_ns_per_byte: 0.3,
+                net_ns_per_byte: 0.05,
+                recompute_base_ns: 1e6,
+                recompute_per_index_ns: 2e4,
+            },
+        )
+}
+
+/// The stored prefix of `query`, by brute force: rebuild every stored tensor's full chain by
+/// walking parents and keep the longest that is a prefix of the query.
+fn brute_force_lcp(d: &Directory, query: &[TensorId]) -> usize {
+    d.ids()
+        .into_iter()
+        .map(|id| d.path_to(id))
+        .filter(|path| path.len() <= query.len() && query[..path.len()] == path[..])
+        .map(|path| path.len())
+        .max()
+        .unwrap_or(0)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1000, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn store_invariants_hold_after_every_step(
+        (p, ops) in params().prop_flat_map(|p| {
+            let n = p.nodes;
+            (Just(p), prop::collection::vec(op(n), 1..60))
+        })
+    ) {
+        let mut d = Directory::new(p);
+        d.events = Some(Vec::new());
+        // What must be stored: every stored tensor, less what a modelled eviction dropped.
+        let mut expected: BTreeSet<TensorId> = BTreeSet::new();
+        for op in ops {
+            match op {
+                Op::Insert { prompt, node } => {
+                    d.insert(&chain(&prompt), node);
+                }
+                Op::Lookup { prompt, skip, reader } => {
+                    let q = chain(&prompt);
+                    let plan = d.lookup(&q, skip, reader);
+                    prop_assert_eq!(plan.stored_chunks as usize, brute_force_lcp(&d, &q));
+                    let loaded: u32 = plan.groups.iter().map(|g| g.tensors).sum();
+                    prop_assert_eq!(loaded as usize, (plan.stored_chunks as usize).saturating_sub(skip));
+                    if !plan.replicate.is_empty() {
+                        d.add_replicas(reader, &plan.replicate);
+                    }
+                }
+            }
+            if let Err(e) = d.check() {
+                prop_assert!(false, "{}", e);
+            }
+            for e in d.events.replace(Vec::new()).unwrap() {
+                match e {
+                    StoreEvent::Stored { id, .. } => {
+                        expected.insert(id);
+                    }
+                    StoreEvent::Dropped { id, .. } => {
+                        expected.remove(&id);
+                    }
+                    StoreEvent::Demoted { replicas_left, .. } => {
+                        prop_assert_eq!(replicas_left, 0, "replicas go before owned tensors");
+                    }
+                    _ => {}
+                }
+            }
+            prop_assert_eq!(d.ids(), expected.iter().copied().collect::<Vec<_>>());
+        }
+    }
+}
