@@ -44,9 +44,10 @@ impl Script {
     fn chain(&mut self, prompt: &str) -> Vec<TensorId> {
         let mut parent = ROOT_PARENT;
         let mut ids = Vec::new();
-        for (i, c) in prompt.chars().enumerate() {
+        for (i, c) in prompt.char_indices() {
             parent = block_hash(parent, &[c as u32]);
-            self.names.insert(parent, prompt[..=i].to_string());
+            self.names
+                .insert(parent, prompt[..i + c.len_utf8()].to_string());
             ids.push(parent);
         }
         ids
