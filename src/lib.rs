@@ -12,6 +12,7 @@ pub mod hardware;
 pub mod hash;
 pub mod metrics;
 pub mod model;
+pub mod plot;
 pub mod policy;
 pub mod rng;
 pub mod run;
