@@ -63,6 +63,12 @@ pub struct Results {
 impl Results {
     /// Reads `summary.csv`, `requests.csv` and (optionally) `scenario.toml` from `dir`.
     pub fn load(dir: &Path) -> Result<Results, PlotError> {
+        if !dir.is_dir() {
+            return Err(PlotError::Read {
+                path: dir.to_path_buf(),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such results folder"),
+            });
+        }
         let summary = read_summary(&dir.join("summary.csv"))?;
         let latencies = read_requests(&dir.join("requests.csv"))?;
         let scenario = std::fs::read_to_string(dir.join("scenario.toml"))

@@ -41,18 +41,17 @@ fn scenario_lines(v: &toml::Value) -> Vec<String> {
     let gpu = get(v, "hardware.gpu.name");
     if nodes.is_some() || gpu.is_some() {
         let mut s = String::from("- hardware:");
+        let mut total = String::new();
         if let (Some(n), Some(g)) = (&nodes, &per_node) {
-            let total = n
-                .parse::<u64>()
-                .ok()
-                .zip(g.parse::<u64>().ok())
-                .map(|(a, b)| format!(" ({} GPUs)", a * b))
-                .unwrap_or_default();
-            let _ = write!(s, " {n} nodes x {g}{total}");
+            let _ = write!(s, " {n} nodes x {g}");
+            if let (Ok(a), Ok(b)) = (n.parse::<u64>(), g.parse::<u64>()) {
+                total = format!(" ({} GPUs)", a * b);
+            }
         }
         if let Some(gpu) = gpu {
             let _ = write!(s, " {gpu}");
         }
+        s.push_str(&total);
         if let Some(bw) = get(v, "hardware.network.nic_bandwidth_gbit_per_s") {
             let nics = get(v, "hardware.network.nics_per_node").unwrap_or_else(|| "?".into());
             let _ = write!(s, "; network {nics} x {bw} Gbit/s NICs per node");
