@@ -253,3 +253,36 @@ fn missing_or_ragged_csv_files_are_bad_input() {
 
     assert_bad_input(&out.join("no-such-folder"), &["no-such-folder"]);
 }
+
+#[test]
+fn figures_draw_when_no_request_completed() {
+    let row = meshsim::plot::SummaryRow {
+        policy: "vanilla".into(),
+        point: None,
+        requests: 3,
+        completed: 0,
+        throughput_rps: 0.0,
+        output_tokens_per_s: 0.0,
+        ttft_p50_ms: 0.0,
+        ttft_p99_ms: 0.0,
+        tpot_p50_ms: 0.0,
+        e2e_p50_ms: 0.0,
+        prefix_hit_ratio: 0.0,
+        reused_tokens: [0; 5],
+    };
+    let r = Results {
+        summary: vec![row],
+        latencies: vec![meshsim::plot::Latencies {
+            policy: "vanilla".into(),
+            ttft_ms: vec![],
+            tpot_ms: vec![],
+        }],
+        scenario: None,
+    };
+    for f in Figure::ALL {
+        assert!(f.png(&r).is_ok(), "{}", f.stem());
+        assert!(f.svg(&r).is_ok(), "{}", f.stem());
+    }
+    let report = meshsim::plot::report_markdown(&r);
+    assert!(report.contains("No policy completed any request."), "{report}");
+}
