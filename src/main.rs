@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use meshsim::scenario::Scenario;
@@ -133,7 +133,10 @@ fn run(
     }
     let threads =
         threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let runs = match meshsim::run::simulate_all(&s, trace, threads) {
+    let spinner = Spinner::start(!quiet, format!("simulating {} policies", s.policies.len()));
+    let runs = meshsim::run::simulate_all(&s, trace, threads);
+    spinner.stop();
+    let runs = match runs {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: {e}");
@@ -196,6 +199,57 @@ fn run(
         );
     }
     ExitCode::SUCCESS
+}
+
+/// A spinner on stdout while policies are simulated, shown only when stdout is a terminal and
+/// the simulation lasts more than a second. Console only: nothing of it reaches result files.
+struct Spinner {
+    done: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Spinner {
+    fn start(enabled: bool, msg: String) -> Spinner {
+        if !enabled || !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+            return Spinner {
+                done: None,
+                thread: None,
+            };
+        }
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            use std::sync::mpsc::RecvTimeoutError;
+            // Finished (or the sender dropped) within a second: never shown.
+            if rx.recv_timeout(Duration::from_secs(1)) != Err(RecvTimeoutError::Timeout) {
+                return;
+            }
+            let bar = indicatif::ProgressBar::with_draw_target(
+                None,
+                indicatif::ProgressDrawTarget::stdout(),
+            );
+            // The template is a valid literal, so building the style cannot fail.
+            let style = indicatif::ProgressStyle::with_template("  {spinner} {msg} ({elapsed})")
+                .expect("valid spinner template");
+            bar.set_style(style);
+            bar.set_message(msg);
+            bar.enable_steady_tick(Duration::from_millis(100));
+            let _ = rx.recv();
+            bar.finish_and_clear();
+        });
+        Spinner {
+            done: Some(tx),
+            thread: Some(thread),
+        }
+    }
+
+    fn stop(mut self) {
+        if let Some(tx) = self.done.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 fn plot(dir: &Path, quiet: bool) -> ExitCode {

@@ -284,5 +284,8 @@ fn figures_draw_when_no_request_completed() {
         assert!(f.svg(&r).is_ok(), "{}", f.stem());
     }
     let report = meshsim::plot::report_markdown(&r);
-    assert!(report.contains("No policy completed any request."), "{report}");
+    assert!(
+        report.contains("No policy completed any request."),
+        "{report}"
+    );
 }
