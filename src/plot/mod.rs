@@ -18,7 +18,7 @@
 //! the lowest TTFT p50 and p99 and by how much, and embeds the PNG files.
 //!
 //! Figures are pure functions of the CSV files: the same files give the same bytes (the font
-//! is embedded, see [`font`]; PNG encoding has fixed settings; SVG numbers are formatted by
+//! is embedded (`font.rs`); PNG encoding has fixed settings; SVG numbers are formatted by
 //! plotters without any randomness). Summary rows carry an optional `point` (sweep point)
 //! that bar charts and the report show next to the policy name.
 
