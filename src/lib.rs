@@ -5,13 +5,15 @@
 //! deterministic discrete-event host ([`sim`]) that charges every effect from a hardware model
 //! ([`hardware`], [`model::cost`]). A [`scenario::Scenario`] (one TOML file) fixes hardware,
 //! model, serving, workload, policies and limits; [`run`] simulates each policy on the same
-//! generated trace and writes per-request and per-policy CSV ([`metrics`]).
+//! generated trace and writes per-request and per-policy CSV ([`metrics`]), then plots and a
+//! report made from those files ([`plot`]).
 
 pub mod actor;
 pub mod hardware;
 pub mod hash;
 pub mod metrics;
 pub mod model;
+pub mod plot;
 pub mod policy;
 pub mod rng;
 pub mod run;

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use meshsim::scenario::Scenario;
@@ -18,6 +18,9 @@ use meshsim::units::GIB;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// More log output on stderr (-v: info, -vv: debug, -vvv: trace); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
 }
 
 #[derive(Subcommand)]
@@ -35,6 +38,14 @@ enum Command {
         /// Threads for running policies in parallel (default: available cores).
         #[arg(long)]
         threads: Option<usize>,
+        /// Print only errors.
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// Redraw the plots and report.md of a results folder from its CSV files.
+    Plot {
+        /// The results folder (holding summary.csv, requests.csv and scenario.toml).
+        dir: PathBuf,
         /// Print only errors.
         #[arg(long, short)]
         quiet: bool,
@@ -122,7 +133,10 @@ fn run(
     }
     let threads =
         threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let runs = match meshsim::run::simulate_all(&s, trace, threads) {
+    let spinner = Spinner::start(!quiet, format!("simulating {} policies", s.policies.len()));
+    let runs = meshsim::run::simulate_all(&s, trace, threads);
+    spinner.stop();
+    let runs = match runs {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: {e}");
@@ -134,11 +148,27 @@ fn run(
             return ExitCode::from(EXIT_FAILED);
         }
     };
-    let dir = out.unwrap_or_else(|| Path::new("results").join(&s.name));
-    if let Err(e) = meshsim::run::write_results(&s, &runs, &dir) {
-        eprintln!("error: cannot write results to {}: {e}", dir.display());
-        return ExitCode::from(EXIT_FAILED);
+    for r in &runs {
+        tracing::info!(
+            policy = r.policy.name(),
+            events = r.summary.events,
+            wall_s = r.wall.as_secs_f64(),
+            "policy simulated"
+        );
     }
+    let dir = out.unwrap_or_else(|| Path::new("results").join(&s.name));
+    let written = match meshsim::run::write_results(&s, &runs, &dir) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("error: cannot write results to {}: {e}", dir.display());
+            return ExitCode::from(EXIT_FAILED);
+        }
+    };
+    tracing::info!(
+        files = written.plot_files.len(),
+        plot_s = written.plot_time.as_secs_f64(),
+        "plots and report written"
+    );
     if !quiet {
         let mut events = 0;
         for r in &runs {
@@ -162,8 +192,109 @@ fn run(
             events as f64 / wall / 1e6,
             dir.display()
         );
+        println!(
+            "  plots ({} files) and report.md drawn in {:.3} s",
+            written.plot_files.len() - 1,
+            written.plot_time.as_secs_f64()
+        );
     }
     ExitCode::SUCCESS
+}
+
+/// A spinner on stdout while policies are simulated, shown only when stdout is a terminal and
+/// the simulation lasts more than a second. Console only: nothing of it reaches result files.
+struct Spinner {
+    done: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Spinner {
+    fn start(enabled: bool, msg: String) -> Spinner {
+        if !enabled || !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+            return Spinner {
+                done: None,
+                thread: None,
+            };
+        }
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            use std::sync::mpsc::RecvTimeoutError;
+            // Finished (or the sender dropped) within a second: never shown.
+            if rx.recv_timeout(Duration::from_secs(1)) != Err(RecvTimeoutError::Timeout) {
+                return;
+            }
+            let bar = indicatif::ProgressBar::with_draw_target(
+                None,
+                indicatif::ProgressDrawTarget::stdout(),
+            );
+            // The template is a valid literal, so building the style cannot fail.
+            let style = indicatif::ProgressStyle::with_template("  {spinner} {msg} ({elapsed})")
+                .expect("valid spinner template");
+            bar.set_style(style);
+            bar.set_message(msg);
+            bar.enable_steady_tick(Duration::from_millis(100));
+            let _ = rx.recv();
+            bar.finish_and_clear();
+        });
+        Spinner {
+            done: Some(tx),
+            thread: Some(thread),
+        }
+    }
+
+    fn stop(mut self) {
+        if let Some(tx) = self.done.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn plot(dir: &Path, quiet: bool) -> ExitCode {
+    let started = Instant::now();
+    match meshsim::plot::render(dir) {
+        Ok(files) => {
+            if !quiet {
+                println!(
+                    "wrote {} files into {} in {:.3} s: {}",
+                    files.len(),
+                    dir.display(),
+                    started.elapsed().as_secs_f64(),
+                    meshsim::plot::output_files().join(", ")
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(if e.is_bad_input() {
+                EXIT_BAD_INPUT
+            } else {
+                EXIT_FAILED
+            })
+        }
+    }
+}
+
+/// Logs go to stderr through `tracing`; `RUST_LOG` (env-filter syntax) wins over -v/--quiet.
+fn init_logging(verbose: u8, quiet: bool) {
+    let level = match (quiet, verbose) {
+        (true, _) => "error",
+        (false, 0) => "warn",
+        (false, 1) => "info",
+        (false, 2) => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("warn,meshsim={level}")));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .init();
 }
 
 fn main() -> ExitCode {
@@ -178,7 +309,13 @@ fn main() -> ExitCode {
             };
         }
     };
+    let quiet = match &cli.command {
+        Command::Run { quiet, .. } | Command::Plot { quiet, .. } => *quiet,
+        Command::Check { .. } => false,
+    };
+    init_logging(cli.verbose, quiet);
     match cli.command {
+        Command::Plot { dir, quiet } => plot(&dir, quiet),
         Command::Run {
             scenario,
             seed,

@@ -3,7 +3,8 @@
 //! Policies run in parallel threads (at most one per core); each simulation is a pure function
 //! of the scenario, the seed and the policy, so the results do not depend on the thread count.
 //! Results are written into a temporary folder beside the target and renamed into place at
-//! the end, so a failed run never leaves half-written files.
+//! the end, so a failed run never leaves half-written files. Plots and `report.md` are made
+//! from the CSV files in that temporary folder ([`crate::plot`]) before the rename.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -177,8 +178,18 @@ pub fn simulate_all(
     Ok(runs)
 }
 
-/// Writes `requests.csv`, `summary.csv` and `scenario.toml` into `dir`, replacing it whole.
-pub fn write_results(s: &Scenario, runs: &[PolicyRun], dir: &Path) -> std::io::Result<()> {
+/// What [`write_results`] did, for the console (wall-clock figures are never in result files).
+#[derive(Clone, Debug)]
+pub struct Written {
+    /// Wall-clock time spent drawing the plots and writing `report.md`.
+    pub plot_time: Duration,
+    /// The plot and report files, in the results folder.
+    pub plot_files: Vec<PathBuf>,
+}
+
+/// Writes `requests.csv`, `summary.csv` and `scenario.toml` into `dir`, replacing it whole,
+/// then the plots and `report.md` made from those files.
+pub fn write_results(s: &Scenario, runs: &[PolicyRun], dir: &Path) -> std::io::Result<Written> {
     let parent = dir
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -193,7 +204,7 @@ pub fn write_results(s: &Scenario, runs: &[PolicyRun], dir: &Path) -> std::io::R
         std::fs::remove_dir_all(&tmp)?;
     }
     std::fs::create_dir_all(&tmp)?;
-    let result = (|| -> std::io::Result<()> {
+    let result = (|| -> std::io::Result<Duration> {
         std::fs::write(tmp.join("scenario.toml"), &s.text)?;
         let records: Vec<(&str, &[crate::metrics::RequestRecord])> = runs
             .iter()
@@ -204,14 +215,26 @@ pub fn write_results(s: &Scenario, runs: &[PolicyRun], dir: &Path) -> std::io::R
         let summaries: Vec<Summary> = runs.iter().map(|r| r.summary.clone()).collect();
         let f = std::io::BufWriter::new(std::fs::File::create(tmp.join("summary.csv"))?);
         write_summary(f, &summaries).map_err(std::io::Error::other)?;
-        Ok(())
+        let started = Instant::now();
+        crate::plot::render(&tmp).map_err(std::io::Error::other)?;
+        Ok(started.elapsed())
     })();
-    if let Err(e) = result {
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Err(e);
-    }
+    let plot_time = match result {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(e);
+        }
+    };
     if dir.exists() {
         std::fs::remove_dir_all(dir)?;
     }
-    std::fs::rename(&tmp, dir)
+    std::fs::rename(&tmp, dir)?;
+    Ok(Written {
+        plot_time,
+        plot_files: crate::plot::output_files()
+            .iter()
+            .map(|f| dir.join(f))
+            .collect(),
+    })
 }

@@ -1,0 +1,275 @@
+//! `report.md`: a results folder readable on its own.
+//!
+//! It holds the scenario in a few lines (from `scenario.toml`, tolerating missing keys), a
+//! table of the summary per policy, which policy has the lowest TTFT p50 and p99 and by how
+//! much (computed from the table's numbers), and the figures as relative PNG links.
+
+use std::fmt::Write;
+
+use super::Figure;
+use super::data::{Results, SummaryRow};
+
+/// A string, integer, float or boolean found at `path` (dotted keys) in `v`, as text.
+fn get(v: &toml::Value, path: &str) -> Option<String> {
+    let mut cur = v;
+    for key in path.split('.') {
+        cur = cur.get(key)?;
+    }
+    match cur {
+        toml::Value::String(s) => Some(s.clone()),
+        toml::Value::Integer(i) => Some(i.to_string()),
+        toml::Value::Float(f) => Some(f.to_string()),
+        toml::Value::Boolean(b) => Some(b.to_string()),
+        toml::Value::Array(a) => Some(
+            a.iter()
+                .map(|x| x.as_str().map_or_else(|| x.to_string(), str::to_string))
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
+        _ => None,
+    }
+}
+
+/// The scenario in a few bullet lines; lines whose keys are missing are left out.
+fn scenario_lines(v: &toml::Value) -> Vec<String> {
+    let mut lines = Vec::new();
+    if let Some(seed) = get(v, "seed") {
+        lines.push(format!("- seed: {seed}"));
+    }
+    let nodes = get(v, "hardware.nodes");
+    let per_node = get(v, "hardware.gpus_per_node");
+    let gpu = get(v, "hardware.gpu.name");
+    if nodes.is_some() || gpu.is_some() {
+        let mut s = String::from("- hardware:");
+        let mut total = String::new();
+        if let (Some(n), Some(g)) = (&nodes, &per_node) {
+            let _ = write!(s, " {n} nodes x {g}");
+            if let (Ok(a), Ok(b)) = (n.parse::<u64>(), g.parse::<u64>()) {
+                total = format!(" ({} GPUs)", a * b);
+            }
+        }
+        if let Some(gpu) = gpu {
+            let _ = write!(s, " {gpu}");
+        }
+        s.push_str(&total);
+        if let Some(bw) = get(v, "hardware.network.nic_bandwidth_gbit_per_s") {
+            let nics = get(v, "hardware.network.nics_per_node").unwrap_or_else(|| "?".into());
+            let _ = write!(s, "; network {nics} x {bw} Gbit/s NICs per node");
+        }
+        lines.push(s);
+    }
+    if let Some(m) = get(v, "model.preset").or_else(|| get(v, "model.name")) {
+        lines.push(format!("- model: {m}"));
+    }
+    let mut serving = Vec::new();
+    if let Some(tp) = get(v, "serving.tensor_parallel") {
+        serving.push(format!("tensor parallel {tp}"));
+    }
+    if let Some(r) = get(v, "serving.router") {
+        serving.push(format!("{r} routing"));
+    }
+    if !serving.is_empty() {
+        lines.push(format!("- serving: {}", serving.join(", ")));
+    }
+    let mut w = Vec::new();
+    if let Some(d) = get(v, "workload.dataset") {
+        w.push(format!("{d}-style"));
+    }
+    if let Some(n) = get(v, "workload.requests") {
+        w.push(format!("{n} requests"));
+    }
+    if let Some(r) = get(v, "workload.arrival_rate_per_s") {
+        w.push(format!("at {r} requests/s"));
+    }
+    if let Some(c) = get(v, "workload.context_tokens") {
+        w.push(format!("{c}-token contexts"));
+    }
+    if let Some(o) = get(v, "workload.output_tokens.median") {
+        w.push(format!("median output {o} tokens"));
+    }
+    if !w.is_empty() {
+        lines.push(format!("- workload: {}", w.join(", ")));
+    }
+    if let Some(p) = get(v, "policies") {
+        lines.push(format!("- policies: {p}"));
+    }
+    lines
+}
+
+/// "X has the lowest <metric>: a ms, 1.25x faster than Y (b ms)", among rows that completed
+/// requests; `None` when no row did.
+pub(crate) fn winner_sentence(
+    rows: &[&SummaryRow],
+    metric: &str,
+    pick: fn(&SummaryRow) -> f64,
+) -> Option<String> {
+    let done: Vec<&&SummaryRow> = rows.iter().filter(|r| r.completed > 0).collect();
+    let best = done
+        .iter()
+        .copied()
+        .min_by(|a, b| pick(a).total_cmp(&pick(b)))?;
+    let b = pick(best);
+    if done.len() == 1 {
+        return Some(format!(
+            "Only {} completed requests: {metric} {b:.1} ms.",
+            best.label()
+        ));
+    }
+    let others: Vec<String> = done
+        .iter()
+        .filter(|r| !std::ptr::eq(**r, best))
+        .map(|r| {
+            let o = pick(r);
+            let how = if o == b {
+                "as fast as".to_string()
+            } else if b > 0.0 {
+                format!("{:.2}x faster than", o / b)
+            } else {
+                format!("{:.1} ms faster than", o - b)
+            };
+            format!("{how} {} ({o:.1} ms)", r.label())
+        })
+        .collect();
+    Some(format!(
+        "**{}** has the lowest {metric}: {b:.1} ms, {}.",
+        best.label(),
+        others.join(", ")
+    ))
+}
+
+/// The text of `report.md`.
+pub fn report_markdown(r: &Results) -> String {
+    let name = r
+        .scenario
+        .as_ref()
+        .and_then(|v| get(v, "name"))
+        .unwrap_or_else(|| "meshsim results".into());
+    let mut s = format!("# {name}\n\n");
+    match &r.scenario {
+        Some(v) => {
+            s.push_str("Scenario (from `scenario.toml`):\n\n");
+            for line in scenario_lines(v) {
+                s.push_str(&line);
+                s.push('\n');
+            }
+        }
+        None => s.push_str("`scenario.toml` is missing or not valid TOML.\n"),
+    }
+    s.push_str("\n## Summary\n\n");
+    s.push_str(
+        "| policy | completed | TTFT p50 (ms) | TTFT p99 (ms) | TPOT p50 (ms) | E2E p50 (ms) \
+         | output tokens/s | requests/s | prefix hit |\n",
+    );
+    s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for row in &r.summary {
+        let _ = writeln!(
+            s,
+            "| {} | {}/{} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} | {:.2} | {:.1} % |",
+            row.label(),
+            row.completed,
+            row.requests,
+            row.ttft_p50_ms,
+            row.ttft_p99_ms,
+            row.tpot_p50_ms,
+            row.e2e_p50_ms,
+            row.output_tokens_per_s,
+            row.throughput_rps,
+            100.0 * row.prefix_hit_ratio
+        );
+    }
+    s.push('\n');
+    // Compare policies within each sweep point (a single group without sweeps).
+    let mut points: Vec<Option<&str>> = Vec::new();
+    for row in &r.summary {
+        if !points.contains(&row.point.as_deref()) {
+            points.push(row.point.as_deref());
+        }
+    }
+    for point in points {
+        let rows: Vec<&SummaryRow> = r
+            .summary
+            .iter()
+            .filter(|row| row.point.as_deref() == point)
+            .collect();
+        let sentences: Vec<String> = [
+            winner_sentence(&rows, "TTFT p50", |r| r.ttft_p50_ms),
+            winner_sentence(&rows, "TTFT p99", |r| r.ttft_p99_ms),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if sentences.is_empty() {
+            s.push_str("No policy completed any request.\n");
+        } else {
+            s.push_str(&sentences.join(" "));
+            s.push('\n');
+        }
+    }
+    s.push_str("\n## Plots\n\nEach plot is also written as SVG next to the PNG.\n");
+    for f in Figure::ALL {
+        let _ = write!(
+            s,
+            "\n### {}\n\n![{}]({}.png)\n",
+            f.caption(),
+            f.caption(),
+            f.stem()
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(policy: &str, p50: f64, p99: f64) -> SummaryRow {
+        SummaryRow {
+            policy: policy.into(),
+            point: None,
+            requests: 10,
+            completed: 10,
+            throughput_rps: 1.0,
+            output_tokens_per_s: 10.0,
+            ttft_p50_ms: p50,
+            ttft_p99_ms: p99,
+            tpot_p50_ms: 1.0,
+            e2e_p50_ms: 2.0,
+            prefix_hit_ratio: 0.0,
+            reused_tokens: [0; 5],
+        }
+    }
+
+    #[test]
+    fn the_winner_sentence_names_the_fastest_policy_and_the_ratio() {
+        let a = row("vanilla", 408.33, 3005.4);
+        let b = row("local-prefix", 326.543, 513.4);
+        let s = winner_sentence(&[&a, &b], "TTFT p50", |r| r.ttft_p50_ms).unwrap();
+        assert_eq!(
+            s,
+            "**local-prefix** has the lowest TTFT p50: 326.5 ms, 1.25x faster than vanilla (408.3 ms)."
+        );
+    }
+
+    #[test]
+    fn policies_without_completed_requests_are_not_winners() {
+        let a = row("vanilla", 408.0, 3005.0);
+        let mut b = row("broken", 0.0, 0.0);
+        b.completed = 0;
+        let s = winner_sentence(&[&a, &b], "TTFT p50", |r| r.ttft_p50_ms).unwrap();
+        assert_eq!(s, "Only vanilla completed requests: TTFT p50 408.0 ms.");
+        b.policy = "also-broken".into();
+        let c = row("x", 0.0, 0.0);
+        let mut c = c;
+        c.completed = 0;
+        assert!(winner_sentence(&[&b, &c], "TTFT p50", |r| r.ttft_p50_ms).is_none());
+    }
+
+    #[test]
+    fn missing_scenario_keys_are_left_out() {
+        let t: toml::Table = "name = \"x\"\n[model]\npreset = \"tiny\"\n"
+            .parse()
+            .unwrap();
+        let v = toml::Value::Table(t);
+        assert_eq!(scenario_lines(&v), vec!["- model: tiny".to_string()]);
+    }
+}

@@ -1,0 +1,295 @@
+//! Plots and report.md: written by every run, redrawn by `meshsim plot` from the CSV files
+//! alone, byte-identical for identical CSV files, with text drawn by the embedded font even
+//! where the machine has no font at all, and bad CSV files reported as bad input.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use meshsim::plot::{Figure, Results, output_files};
+use meshsim::run::write_results;
+
+/// Runs the small scenario and writes its results (CSV, plots, report) into `<tmp>/out`.
+fn results() -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let s = common::small();
+    write_results(&s, &common::run(&s, 2), &out).unwrap();
+    (tmp, out)
+}
+
+fn meshsim_plot(dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_meshsim"))
+        .arg("plot")
+        .arg(dir)
+        .output()
+        .unwrap()
+}
+
+fn read(dir: &Path, name: &str) -> Vec<u8> {
+    std::fs::read(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// Decodes a PNG file into (width, height, RGB bytes).
+fn decode_png(bytes: &[u8]) -> (u32, u32, Vec<u8>) {
+    let mut reader = png::Decoder::new(std::io::Cursor::new(bytes))
+        .read_info()
+        .unwrap();
+    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    assert_eq!(info.color_type, png::ColorType::Rgb);
+    buf.truncate(info.buffer_size());
+    (info.width, info.height, buf)
+}
+
+/// Pixels clearly darker than the white background in rows `rows` of an RGB image.
+fn dark_pixels(rgb: &[u8], width: u32, rows: std::ops::Range<u32>) -> usize {
+    let w = width as usize;
+    rgb[rows.start as usize * w * 3..rows.end as usize * w * 3]
+        .chunks(3)
+        .filter(|p| p.iter().all(|&c| c < 128))
+        .count()
+}
+
+#[test]
+fn a_run_writes_every_plot_and_the_report() {
+    let (_tmp, out) = results();
+    for f in output_files() {
+        let bytes = read(&out, &f);
+        if f.ends_with(".png") {
+            assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "{f} is not a PNG");
+        } else if f.ends_with(".svg") {
+            let text = String::from_utf8(bytes).unwrap();
+            assert!(text.contains("<svg") && text.contains("</svg>"), "{f}");
+            assert!(
+                text.contains("vanilla") && text.contains("local-prefix"),
+                "{f}"
+            );
+        }
+    }
+    let report = String::from_utf8(read(&out, "report.md")).unwrap();
+    assert!(report.starts_with("# small\n"), "{report}");
+    assert!(report.contains("| vanilla | 400/400 |"), "{report}");
+    assert!(report.contains("has the lowest TTFT p50"), "{report}");
+    assert!(report.contains("has the lowest TTFT p99"), "{report}");
+    for f in Figure::ALL {
+        assert!(report.contains(&format!("]({}.png)", f.stem())), "{report}");
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(out.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n != "out")
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+}
+
+#[test]
+fn plots_are_byte_identical_for_identical_csv_files() {
+    let (_a, a) = results();
+    let (_b, b) = results();
+    for f in output_files() {
+        assert!(read(&a, &f) == read(&b, &f), "{f} differs between two runs");
+    }
+    // `meshsim plot` redraws from the CSV files alone: the same bytes again.
+    let before: Vec<Vec<u8>> = output_files().iter().map(|f| read(&a, f)).collect();
+    for f in output_files() {
+        std::fs::remove_file(a.join(&f)).unwrap();
+    }
+    let out = meshsim_plot(&a);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for (f, old) in output_files().iter().zip(before) {
+        assert!(
+            read(&a, f) == old,
+            "{f} differs when redrawn by meshsim plot"
+        );
+    }
+}
+
+#[test]
+fn the_title_is_drawn_with_the_embedded_font_without_system_fonts() {
+    let (tmp, out) = results();
+    for f in output_files() {
+        std::fs::remove_file(out.join(&f)).unwrap();
+    }
+    // An empty fontconfig configuration and font path: no font can come from the system.
+    let empty = tmp.path().join("no-fonts");
+    std::fs::create_dir(&empty).unwrap();
+    let conf = empty.join("fonts.conf");
+    std::fs::write(
+        &conf,
+        "<?xml version=\"1.0\"?>\n<fontconfig></fontconfig>\n",
+    )
+    .unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_meshsim"))
+        .arg("plot")
+        .arg(&out)
+        .env("FONTCONFIG_FILE", &conf)
+        .env("FONTCONFIG_PATH", &empty)
+        .env("XDG_DATA_HOME", &empty)
+        .env("XDG_DATA_DIRS", &empty)
+        .env("HOME", &empty)
+        .output()
+        .unwrap();
+    assert_eq!(
+        run.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    for f in Figure::ALL {
+        let (w, h, rgb) = decode_png(&read(&out, &format!("{}.png", f.stem())));
+        assert_eq!((w, h), f.size());
+        // The top 45 rows hold only the figure's title: dark pixels there are its glyphs.
+        let title = dark_pixels(&rgb, w, 0..45);
+        assert!(
+            title > 300,
+            "{}: only {title} dark pixels in the title",
+            f.stem()
+        );
+    }
+}
+
+#[test]
+fn text_changes_the_pixels_it_is_drawn_on() {
+    let (_tmp, out) = results();
+    let r = Results::load(&out).unwrap();
+    let with = Figure::Throughput.rgb(&r).unwrap();
+    let mut renamed = r.clone();
+    for row in &mut renamed.summary {
+        row.policy = format!("{}-renamed-with-a-longer-label", row.policy);
+    }
+    let other = Figure::Throughput.rgb(&renamed).unwrap();
+    let (w, h) = Figure::Throughput.size();
+    // Policy names are drawn under the bars, in the bottom 70 rows.
+    let rows = (h - 70) as usize * w as usize * 3..h as usize * w as usize * 3;
+    assert!(
+        with[rows.clone()] != other[rows.clone()],
+        "changing the labels must change the label area"
+    );
+    let top = 0..45 * w as usize * 3;
+    assert!(with[top.clone()] == other[top], "the title did not change");
+}
+
+#[test]
+fn a_summary_with_a_sweep_point_column_still_plots() {
+    let (_tmp, out) = results();
+    let text = String::from_utf8(read(&out, "summary.csv")).unwrap();
+    let with_point: String = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| {
+            if i == 0 {
+                format!("{l},point\n")
+            } else {
+                format!("{l},4096\n")
+            }
+        })
+        .collect();
+    std::fs::write(out.join("summary.csv"), with_point).unwrap();
+    let run = meshsim_plot(&out);
+    assert_eq!(
+        run.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let report = String::from_utf8(read(&out, "report.md")).unwrap();
+    assert!(report.contains("| vanilla @ 4096 |"), "{report}");
+}
+
+fn assert_bad_input(dir: &Path, expected: &[&str]) {
+    let run = meshsim_plot(dir);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(2), "{stderr}");
+    for e in expected {
+        assert!(stderr.contains(e), "`{e}` not in: {stderr}");
+    }
+}
+
+#[test]
+fn a_bad_number_is_reported_with_its_file_line_and_column() {
+    let (_tmp, out) = results();
+    let text = String::from_utf8(read(&out, "summary.csv")).unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    let p50 = lines[0]
+        .split(',')
+        .position(|c| c == "ttft_p50_ms")
+        .unwrap();
+    let mut fields: Vec<&str> = lines[2].split(',').collect();
+    fields[p50] = "fast";
+    lines[2] = fields.join(",");
+    std::fs::write(out.join("summary.csv"), lines.join("\n") + "\n").unwrap();
+    assert_bad_input(
+        &out,
+        &["summary.csv: line 3", "ttft_p50_ms", "found `fast`"],
+    );
+}
+
+#[test]
+fn missing_or_ragged_csv_files_are_bad_input() {
+    let (_tmp, out) = results();
+    let requests = read(&out, "requests.csv");
+    std::fs::remove_file(out.join("requests.csv")).unwrap();
+    assert_bad_input(&out, &["requests.csv", "cannot read"]);
+
+    let mut ragged = requests.clone();
+    ragged.extend_from_slice(b"vanilla,1,2\n");
+    std::fs::write(out.join("requests.csv"), ragged).unwrap();
+    let lines = requests.iter().filter(|&&b| b == b'\n').count() + 1;
+    let columns = meshsim::metrics::write::request_header().len();
+    assert_bad_input(
+        &out,
+        &[
+            &format!("requests.csv: line {lines}"),
+            &format!("expected {columns} fields"),
+        ],
+    );
+
+    let header_only = b"policy,status\n";
+    std::fs::write(out.join("requests.csv"), header_only).unwrap();
+    assert_bad_input(&out, &["requests.csv: line 1", "missing column `ttft_ns`"]);
+
+    assert_bad_input(&out.join("no-such-folder"), &["no-such-folder"]);
+}
+
+#[test]
+fn figures_draw_when_no_request_completed() {
+    let row = meshsim::plot::SummaryRow {
+        policy: "vanilla".into(),
+        point: None,
+        requests: 3,
+        completed: 0,
+        throughput_rps: 0.0,
+        output_tokens_per_s: 0.0,
+        ttft_p50_ms: 0.0,
+        ttft_p99_ms: 0.0,
+        tpot_p50_ms: 0.0,
+        e2e_p50_ms: 0.0,
+        prefix_hit_ratio: 0.0,
+        reused_tokens: [0; 5],
+    };
+    let r = Results {
+        summary: vec![row],
+        latencies: vec![meshsim::plot::Latencies {
+            policy: "vanilla".into(),
+            ttft_ms: vec![],
+            tpot_ms: vec![],
+        }],
+        scenario: None,
+    };
+    for f in Figure::ALL {
+        assert!(f.png(&r).is_ok(), "{}", f.stem());
+        assert!(f.svg(&r).is_ok(), "{}", f.stem());
+    }
+    let report = meshsim::plot::report_markdown(&r);
+    assert!(
+        report.contains("No policy completed any request."),
+        "{report}"
+    );
+}
