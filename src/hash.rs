@@ -52,6 +52,23 @@ impl Hasher for IdHasher {
 
 pub type IdBuildHasher = BuildHasherDefault<IdHasher>;
 
+/// Hash of a byte string: 64-bit FNV-1a finished with [`mix64`]. Used for pseudo token ids of
+/// text pieces, so equal text always gives equal ids.
+pub fn bytes_hash(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    mix64(h)
+}
+
+/// Token `i` of the pseudo block (or segment) named `key`: `mix64(key xor mix64(i))`, reduced
+/// to the ids `3..vocab` (0-2 are the special tokens). Two blocks with the same key share
+/// their first tokens, so a partial last block shares a prefix with the full block.
+pub fn pseudo_token(key: u64, i: u64, vocab: u32) -> u32 {
+    3 + (mix64(key ^ mix64(i)) % (vocab as u64 - 3)) as u32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,5 +84,14 @@ mod tests {
             "the same tokens under another parent are another block"
         );
         assert_ne!(block_hash(ROOT_PARENT, &[1, 3, 2]), a, "order matters");
+    }
+
+    #[test]
+    fn byte_and_pseudo_token_hashes_are_pinned() {
+        assert_eq!(bytes_hash(b""), mix64(0xcbf2_9ce4_8422_2325));
+        assert_ne!(bytes_hash(b"ab"), bytes_hash(b"ba"));
+        let t = pseudo_token(42, 7, 32_000);
+        assert!((3..32_000).contains(&t));
+        assert_eq!(t, pseudo_token(42, 7, 32_000));
     }
 }

@@ -19,8 +19,8 @@ use crate::serving::instance::Instance;
 use crate::serving::router::Router;
 use crate::sim::host::SimHost;
 use crate::sim::kernel::SimError;
-use crate::workload::Trace;
-use crate::workload::qa;
+use crate::workload::replay::{self, TraceError};
+use crate::workload::{Trace, WorkloadSpec, qa};
 
 /// One policy's simulation.
 #[derive(Debug)]
@@ -33,9 +33,12 @@ pub struct PolicyRun {
     pub wall: Duration,
 }
 
-/// Generates the scenario's trace.
-pub fn trace(s: &Scenario) -> Trace {
-    qa::generate(&s.workload, s.model.vocab as u32, s.seed)
+/// Builds the scenario's trace: generated, or loaded from its dataset or trace file.
+pub fn trace(s: &Scenario) -> Result<Trace, TraceError> {
+    match &s.workload {
+        WorkloadSpec::Generated(w) => Ok(qa::generate(w, s.model.vocab as u32, s.seed)),
+        WorkloadSpec::Replay(spec) => Ok(replay::load(spec, s.seed)?.trace),
+    }
 }
 
 /// Simulates one policy on `trace`.

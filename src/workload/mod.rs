@@ -10,9 +10,21 @@
 //! lengths), so their results differ only by what the policies do.
 
 pub mod qa;
+pub mod replay;
+pub mod stats;
+pub mod tokenize;
 
 use crate::hash::{ROOT_PARENT, block_hash};
 use crate::units::Nanos;
+
+/// What a scenario's requests come from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum WorkloadSpec {
+    /// A built-in generator with the published shape of a dataset.
+    Generated(qa::QaWorkload),
+    /// A dataset or trace file.
+    Replay(replay::ReplaySpec),
+}
 
 /// Index of a request in its trace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -47,6 +59,11 @@ impl TokenArena {
             .get(i + 1)
             .map_or(self.tokens.len(), |&e| e as usize);
         &self.tokens[start..end]
+    }
+
+    /// Number of segments.
+    pub fn segments(&self) -> usize {
+        self.starts.len()
     }
 
     pub fn total_tokens(&self) -> usize {
