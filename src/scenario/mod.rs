@@ -635,13 +635,11 @@ fn workload(c: &Check, file: &str, w: &RawWorkload) -> Result<WorkloadSpec, Scen
         }
         QaOptions::default()
     };
-    if source == Source::SquadJson || source == Source::Canonical {
-        if w.skip_bad_lines.is_some() {
-            return Err(c.err(
-                "workload.skip_bad_lines",
-                format!("not supported by source {:?}", source.name()),
-            ));
-        }
+    if matches!(source, Source::SquadJson | Source::Canonical) && w.skip_bad_lines.is_some() {
+        return Err(c.err(
+            "workload.skip_bad_lines",
+            format!("not supported by source {:?}", source.name()),
+        ));
     }
     Ok(WorkloadSpec::Replay(ReplaySpec {
         source,

@@ -109,7 +109,13 @@ pub(crate) fn json_error(
         .strip_prefix("missing field `")
         .and_then(|s| s.split('`').next())
         .map(str::to_string)
-        .unwrap_or_else(|| if p == "." { "line".into() } else { p });
+        .unwrap_or_else(|| {
+            if p == "." || p == "?" {
+                "line".into()
+            } else {
+                p
+            }
+        });
     TraceError::at(path, n, &field, msg)
 }
 
