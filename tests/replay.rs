@@ -679,3 +679,11 @@ fn trace_stats_and_convert_work_from_the_command_line() {
     );
     assert_eq!(code, 2, "{err}");
 }
+
+#[test]
+fn the_example_replay_scenario_loads_the_whole_squad_dev_set() {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/polaris_32gpu_squad_replay.toml");
+    let s = Scenario::load(&p).unwrap();
+    let t = trace(&s).unwrap();
+    assert_eq!(t.requests.len(), 10_570);
+}
