@@ -184,13 +184,17 @@ fn trace_stats(load: &LoadArgs, lru: &[u64], block_size: Option<u32>) -> ExitCod
     };
     let st = TraceStats::of(&l.trace, bs, lru);
     println!("trace {} ({})", load.file.display(), l.source.name());
+    let contexts = if l.source.is_dataset() {
+        format!("; contexts {}", st.contexts)
+    } else {
+        String::new()
+    };
     println!(
-        "  requests {}; documents {}, units {}, questions {}; contexts {}; skipped lines {}",
+        "  requests {}; documents {}, units {}, questions {}{contexts}; skipped lines {}",
         st.requests,
         opt(l.documents),
         opt(l.units),
         opt(l.questions),
-        st.contexts,
         l.skipped_lines
     );
     for (name, d) in [("prompt", st.prompt), ("output", st.output)] {

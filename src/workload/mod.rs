@@ -61,6 +61,12 @@ impl TokenArena {
         &self.tokens[start..end]
     }
 
+    /// Makes room for `tokens` more tokens in `segments` more segments.
+    pub fn reserve(&mut self, tokens: usize, segments: usize) {
+        self.tokens.reserve_exact(tokens);
+        self.starts.reserve_exact(segments);
+    }
+
     /// Number of segments.
     pub fn segments(&self) -> usize {
         self.starts.len()

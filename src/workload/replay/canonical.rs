@@ -18,7 +18,7 @@
 //!
 //! A segment is a run of token ids shared by every prompt that lists it: either explicit
 //! `tokens`, or `len` pseudo tokens derived from `pseudo_key` (token `i` is
-//! `pseudo_token(pseudo_key, i, 32000)`, see `src/hash.rs`), which is how blocks of traces
+//! `pseudo_tokens(pseudo_key, len, 32000)`, see `src/hash.rs`), which is how blocks of traces
 //! without text (Mooncake, Vidur) are stored. Segments are numbered 0, 1, 2, ... in the order
 //! they are defined, and must be defined before a request uses them. A request gives its
 //! arrival time in integer nanoseconds (non-decreasing from line to line), its prompt as a list
@@ -32,7 +32,7 @@ use serde::Deserialize;
 
 use super::mooncake::{MAX_LENGTH, json_error};
 use super::{Loaded, Source, TraceError, lines, read_bytes};
-use crate::hash::pseudo_token;
+use crate::hash::pseudo_tokens;
 use crate::units::Nanos;
 use crate::workload::tokenize::PSEUDO_VOCAB;
 use crate::workload::{Request, SegId, TokenArena, Trace};
@@ -165,7 +165,7 @@ pub fn read(path: &Path, max_requests: Option<u32>) -> Result<Loaded, TraceError
             match line.pseudo_key {
                 Some(key) => {
                     let len = line.len.unwrap_or(0) as u64;
-                    arena.push((0..len).map(|i| pseudo_token(key, i, PSEUDO_VOCAB)));
+                    arena.push(pseudo_tokens(key, len, PSEUDO_VOCAB));
                     pseudo.push(Some(key));
                 }
                 None => {

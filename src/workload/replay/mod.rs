@@ -14,7 +14,7 @@
 //! * **Traces** (Mooncake JSONL, Vidur/Splitwise CSV, meshsim's canonical JSONL) give
 //!   arrival times, prompt lengths, output lengths and, for Mooncake and canonical traces,
 //!   which prompt blocks are shared. A Mooncake block id becomes a segment of pseudo token
-//!   ids derived from the id ([`crate::hash::pseudo_token`]), so equal ids are equal token
+//!   ids derived from the id ([`crate::hash::pseudo_tokens`]), so equal ids are equal token
 //!   prefixes; a Vidur prompt shares nothing.
 //!
 //! Every error names the file, the line (where there is one) and the field.
@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use super::qa::{ContextMode, Order, OutputDist};
 use super::tokenize::{PSEUDO_VOCAB, Tokenizer};
 use super::{Request, SegId, TokenArena, Trace};
-use crate::hash::pseudo_token;
+use crate::hash::pseudo_tokens;
 use crate::rng::{Stream, streams};
 use crate::units::Nanos;
 
@@ -204,30 +204,31 @@ pub struct Loaded {
     /// Lines skipped as malformed (only with `skip_bad_lines`).
     pub skipped_lines: u64,
     /// For each segment of the arena, `Some(key)` when its tokens are the pseudo tokens
-    /// `pseudo_token(key, 0..len)`, which lets the canonical writer store it compactly.
+    /// `pseudo_tokens(key, len)`, which lets the canonical writer store it compactly.
     pub pseudo: Vec<Option<u64>>,
 }
 
 /// Loads the file of `spec` and builds its trace; `seed` orders and times dataset questions.
 pub fn load(spec: &ReplaySpec, seed: u64) -> Result<Loaded, TraceError> {
-    let mut loaded = match spec.source {
-        Source::SquadJson | Source::WikiqaTsv => {
-            let corpus = if spec.source == Source::SquadJson {
-                squad::read(&spec.path)?
-            } else {
-                wikiqa::read(&spec.path, spec.skip_bad_lines)?
-            };
-            let tok = Tokenizer::load(spec.tokenizer.as_deref())?;
-            let mut l = corpus.build(&tok, &spec.qa, spec.max_requests, seed);
-            l.source = spec.source;
-            l
-        }
-        Source::MooncakeJsonl => {
-            mooncake::read(&spec.path, spec.skip_bad_lines)?.build(spec.max_requests)
-        }
-        Source::VidurCsv => vidur::read(&spec.path, spec.skip_bad_lines)?.build(spec.max_requests),
-        Source::Canonical => canonical::read(&spec.path, spec.max_requests)?,
-    };
+    let mut loaded =
+        match spec.source {
+            Source::SquadJson | Source::WikiqaTsv => {
+                let corpus = if spec.source == Source::SquadJson {
+                    squad::read(&spec.path)?
+                } else {
+                    wikiqa::read(&spec.path, spec.skip_bad_lines)?
+                };
+                let tok = Tokenizer::load(spec.tokenizer.as_deref())?;
+                let mut l = corpus.build(&tok, &spec.qa, spec.max_requests, seed);
+                l.source = spec.source;
+                l
+            }
+            Source::MooncakeJsonl => mooncake::read(&spec.path, spec.skip_bad_lines)?
+                .build(&spec.path, spec.max_requests)?,
+            Source::VidurCsv => vidur::read(&spec.path, spec.skip_bad_lines)?
+                .build(&spec.path, spec.max_requests)?,
+            Source::Canonical => canonical::read(&spec.path, spec.max_requests)?,
+        };
     loaded.source = spec.source;
     Ok(loaded)
 }
@@ -417,7 +418,9 @@ pub struct TraceFile {
 impl TraceFile {
     /// Builds the trace: each distinct `(key, tokens)` block is one segment of pseudo
     /// tokens; requests are sorted by arrival (stable), then the first `max_requests` kept.
-    pub fn build(mut self, max_requests: Option<u32>) -> Loaded {
+    /// `path` names the file in the error given when the distinct blocks hold more than
+    /// [`canonical::MAX_ARENA_TOKENS`] tokens.
+    pub fn build(mut self, path: &Path, max_requests: Option<u32>) -> Result<Loaded, TraceError> {
         self.records.sort_by_key(|r| r.arrival);
         if let Some(max) = max_requests {
             self.records.truncate(max as usize);
@@ -428,17 +431,38 @@ impl TraceFile {
         let mut segs: std::collections::HashMap<(u64, u32), SegId> = Default::default();
         let mut requests = Vec::with_capacity(self.records.len());
         let mut first_blocks: BTreeMap<u64, u32> = BTreeMap::new();
+        // First pass: number the distinct blocks, so the arena is allocated once.
+        let mut distinct: Vec<(u64, u32)> = Vec::new();
+        let mut total = 0u64;
+        let mut prompts: Vec<Vec<SegId>> = Vec::with_capacity(self.records.len());
         for r in &self.records {
-            let segments: Vec<SegId> = r
-                .blocks
-                .iter()
-                .map(|&(key, len)| {
-                    *segs.entry((key, len)).or_insert_with(|| {
-                        pseudo.push(Some(key));
-                        arena.push((0..len as u64).map(|i| pseudo_token(key, i, PSEUDO_VOCAB)))
-                    })
-                })
-                .collect();
+            let mut segments = Vec::with_capacity(r.blocks.len());
+            for &(key, len) in &r.blocks {
+                let seg = *segs.entry((key, len)).or_insert_with(|| {
+                    distinct.push((key, len));
+                    total += len as u64;
+                    SegId(distinct.len() as u32 - 1)
+                });
+                segments.push(seg);
+            }
+            prompts.push(segments);
+        }
+        if total > canonical::MAX_ARENA_TOKENS {
+            return Err(TraceError::whole(
+                path,
+                "file",
+                format!(
+                    "the distinct prompt blocks hold {total} tokens, more than {}",
+                    canonical::MAX_ARENA_TOKENS
+                ),
+            ));
+        }
+        arena.reserve(total as usize, distinct.len());
+        for &(key, len) in &distinct {
+            pseudo.push(Some(key));
+            arena.push(pseudo_tokens(key, len as u64, PSEUDO_VOCAB));
+        }
+        for (r, segments) in self.records.iter().zip(prompts) {
             let next = first_blocks.len() as u32;
             let context = *first_blocks
                 .entry(r.blocks.first().map_or(u64::MAX, |b| b.0))
@@ -451,7 +475,7 @@ impl TraceFile {
                 context,
             });
         }
-        Loaded {
+        Ok(Loaded {
             trace: Trace {
                 arena,
                 requests,
@@ -464,6 +488,6 @@ impl TraceFile {
             questions: None,
             skipped_lines: self.skipped_lines,
             pseudo,
-        }
+        })
     }
 }
