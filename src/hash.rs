@@ -52,6 +52,32 @@ impl Hasher for IdHasher {
 
 pub type IdBuildHasher = BuildHasherDefault<IdHasher>;
 
+/// Hash of a byte string: 64-bit FNV-1a finished with [`mix64`]. Used for pseudo token ids of
+/// text pieces, so equal text always gives equal ids.
+pub fn bytes_hash(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    mix64(h)
+}
+
+/// The `len` pseudo token ids of the block (or segment) named `key`: the SplitMix64 sequence
+/// seeded with `mix64(key)`, that is token `i` is `h = mix64(mix64(key) + (i + 1) * 0x9E3779B97F4A7C15)`
+/// (wrapping), mapped onto the ids `3..vocab` (0-2 are the special tokens) as
+/// `3 + (h * (vocab - 3)) >> 64` in 128-bit arithmetic. Token `i` depends only on `key` and
+/// `i`, so two blocks with the same key share their first tokens and a partial last block is a
+/// prefix of the full block. One multiply-add and one mixer per token: this runs for every
+/// token of a Mooncake trace.
+pub fn pseudo_tokens(key: u64, len: u64, vocab: u32) -> impl Iterator<Item = u32> {
+    let seed = mix64(key);
+    let range = vocab as u128 - 3;
+    (1..=len).map(move |i| {
+        let h = mix64(seed.wrapping_add(i.wrapping_mul(FX_K)));
+        3 + ((h as u128 * range) >> 64) as u32
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,5 +93,19 @@ mod tests {
             "the same tokens under another parent are another block"
         );
         assert_ne!(block_hash(ROOT_PARENT, &[1, 3, 2]), a, "order matters");
+    }
+
+    #[test]
+    fn byte_and_pseudo_token_hashes_are_pinned() {
+        assert_eq!(bytes_hash(b""), mix64(0xcbf2_9ce4_8422_2325));
+        assert_ne!(bytes_hash(b"ab"), bytes_hash(b"ba"));
+        let a: Vec<u32> = pseudo_tokens(42, 8, 32_000).collect();
+        assert!(a.iter().all(|t| (3..32_000).contains(t)));
+        assert_eq!(a[..5], pseudo_tokens(42, 5, 32_000).collect::<Vec<_>>()[..]);
+        assert_ne!(a, pseudo_tokens(43, 8, 32_000).collect::<Vec<_>>());
+        assert_eq!(
+            a[0],
+            3 + ((mix64(mix64(42).wrapping_add(FX_K)) as u128 * 31_997) >> 64) as u32
+        );
     }
 }

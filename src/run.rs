@@ -28,8 +28,8 @@ use crate::store::StoreRules;
 use crate::store::directory::{Directory, StoreParams};
 use crate::store::metadata::Metadata;
 use crate::store::server::StoreServer;
-use crate::workload::Trace;
-use crate::workload::qa;
+use crate::workload::replay::{self, TraceError};
+use crate::workload::{Trace, WorkloadSpec, qa};
 
 /// One policy's simulation.
 #[derive(Debug)]
@@ -70,9 +70,12 @@ pub fn store_params(s: &Scenario, rules: &StoreRules) -> StoreParams {
     }
 }
 
-/// Generates the scenario's trace.
-pub fn trace(s: &Scenario) -> Trace {
-    qa::generate(&s.workload, s.model.vocab as u32, s.seed)
+/// Builds the scenario's trace: generated, or loaded from its dataset or trace file.
+pub fn trace(s: &Scenario) -> Result<Trace, TraceError> {
+    match &s.workload {
+        WorkloadSpec::Generated(w) => Ok(qa::generate(w, s.model.vocab as u32, s.seed)),
+        WorkloadSpec::Replay(spec) => Ok(replay::load(spec, s.seed)?.trace),
+    }
 }
 
 /// Simulates one policy on `trace`.

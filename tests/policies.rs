@@ -8,7 +8,7 @@ use meshsim::PolicyKind;
 use meshsim::metrics::RequestRecord;
 use meshsim::run::{simulate, trace};
 use meshsim::workload::qa::{ContextMode, Order};
-use meshsim::workload::{Request, Trace};
+use meshsim::workload::{Request, Trace, WorkloadSpec};
 
 fn mean_ttft_ms(records: &[RequestRecord]) -> f64 {
     let v: Vec<f64> = records
@@ -21,7 +21,7 @@ fn mean_ttft_ms(records: &[RequestRecord]) -> f64 {
 #[test]
 fn local_prefix_is_never_slower_than_vanilla_when_prefixes_are_shared() {
     let s = common::small();
-    let t = Arc::new(trace(&s));
+    let t = Arc::new(trace(&s).unwrap());
     let vanilla = simulate(&s, t.clone(), PolicyKind::Vanilla).unwrap();
     let local = simulate(&s, t, PolicyKind::LocalPrefix).unwrap();
     assert!(vanilla.report.records.iter().all(|r| r.completed()));
@@ -60,11 +60,14 @@ fn without_shared_prefixes(mut t: Trace) -> Trace {
 #[test]
 fn local_prefix_gives_vanillas_results_when_nothing_is_shared() {
     let mut s = common::small();
-    s.workload.context = ContextMode::Unit;
-    s.workload.order = Order::Shuffled;
-    s.workload.requests = 1_500;
-    s.workload.arrival_rate_per_s = 40.0;
-    let t = Arc::new(without_shared_prefixes(trace(&s)));
+    let WorkloadSpec::Generated(w) = &mut s.workload else {
+        panic!("small.toml uses the built-in generator")
+    };
+    w.context = ContextMode::Unit;
+    w.order = Order::Shuffled;
+    w.requests = 1_500;
+    w.arrival_rate_per_s = 40.0;
+    let t = Arc::new(without_shared_prefixes(trace(&s).unwrap()));
     assert!(t.requests.len() > 200, "{} requests", t.requests.len());
     let vanilla = simulate(&s, t.clone(), PolicyKind::Vanilla).unwrap();
     let local = simulate(&s, t, PolicyKind::LocalPrefix).unwrap();
@@ -82,7 +85,7 @@ fn local_prefix_hits_only_what_fits_in_free_kv_memory() {
     let s = common::small();
     let mut tight = s.clone();
     tight.serving.instance.num_blocks = 600; // 9,600 tokens: about four 2k-token prompts
-    let t = Arc::new(trace(&s));
+    let t = Arc::new(trace(&s).unwrap());
     let roomy = simulate(&s, t.clone(), PolicyKind::LocalPrefix).unwrap();
     let cramped = simulate(&tight, t, PolicyKind::LocalPrefix).unwrap();
     assert!(cramped.report.records.iter().all(|r| r.completed()));
@@ -101,7 +104,7 @@ fn ptstore_without_replication_or_consolidation_gives_evostores_results() {
     s.store.ptstore.replicate_after_reads = None;
     s.store.ptstore.consolidate = false;
     s.store.ptstore.eviction = s.store.evostore.eviction;
-    let t = Arc::new(trace(&s));
+    let t = Arc::new(trace(&s).unwrap());
     let evo = simulate(&s, t.clone(), PolicyKind::EvoStore).unwrap();
     let pt = simulate(&s, t, PolicyKind::PtStore).unwrap();
     assert!(evo.summary.prefix_hit_ratio > 0.5);
@@ -117,7 +120,7 @@ fn store_policies_reuse_prefixes_across_instances_and_never_lose_to_local_prefix
     // shared store lets an instance reuse a context another instance prefilled.
     let mut s = common::small();
     s.serving.router = meshsim::serving::router::RouterStrategy::RoundRobin;
-    let t = Arc::new(trace(&s));
+    let t = Arc::new(trace(&s).unwrap());
     let local = simulate(&s, t.clone(), PolicyKind::LocalPrefix).unwrap();
     let evo = simulate(&s, t.clone(), PolicyKind::EvoStore).unwrap();
     let pt = simulate(&s, t, PolicyKind::PtStore).unwrap();
@@ -138,13 +141,16 @@ fn store_policies_reuse_prefixes_across_instances_and_never_lose_to_local_prefix
 fn a_store_under_memory_pressure_demotes_to_ssd_and_serves_from_it() {
     let mut s = common::small();
     s.serving.router = meshsim::serving::router::RouterStrategy::RoundRobin;
-    s.workload.dataset = meshsim::workload::qa::Dataset::Wikiqa;
-    s.workload.requests = 600;
+    let WorkloadSpec::Generated(w) = &mut s.workload else {
+        unreachable!("small.toml generates its workload")
+    };
+    w.dataset = meshsim::workload::qa::Dataset::Wikiqa;
+    w.requests = 600;
     s.serving.instance.num_blocks = 1_000; // small GPU caches: the store must serve
     let tensor = s.store.tensor_tokens as u64 * s.model.kv_bytes_per_token();
     s.store.host_capacity_bytes = 40 * tensor;
     s.store.ssd_capacity_bytes = 120 * tensor;
-    let t = Arc::new(trace(&s));
+    let t = Arc::new(trace(&s).unwrap());
     for policy in [PolicyKind::EvoStore, PolicyKind::PtStore] {
         let run = simulate(&s, t.clone(), policy).unwrap();
         let st = run.summary.store.unwrap();

@@ -220,33 +220,46 @@ pub enum RawContext {
     Window,
 }
 
+/// The workload section: a built-in generator (`dataset`) or a replayed file (`source`).
+/// Which keys apply depends on which; [`super::validate`] checks that.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawWorkload {
-    pub dataset: RawDataset,
-    pub requests: u32,
-    pub arrival_rate_per_s: f64,
-    #[serde(default = "default_order")]
-    pub order: RawOrder,
-    #[serde(default = "default_context")]
-    pub context: RawContext,
-    #[serde(default = "default_context_tokens")]
-    pub context_tokens: u32,
-    #[serde(default = "default_system_prompt_tokens")]
-    pub system_prompt_tokens: u32,
-    pub output_tokens: RawOutput,
+    pub dataset: Option<RawDataset>,
+    pub source: Option<RawSource>,
+    pub path: Option<String>,
+    pub tokenizer: Option<String>,
+    pub skip_bad_lines: Option<bool>,
+    pub system_prompt: Option<String>,
+    pub requests: Option<u32>,
+    pub arrival_rate_per_s: Option<f64>,
+    pub order: Option<RawOrder>,
+    pub context: Option<RawContext>,
+    pub context_tokens: Option<u32>,
+    pub system_prompt_tokens: Option<u32>,
+    pub output_tokens: Option<RawOutput>,
 }
 
-fn default_order() -> RawOrder {
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RawSource {
+    SquadJson,
+    WikiqaTsv,
+    MooncakeJsonl,
+    VidurCsv,
+    Canonical,
+}
+
+pub fn default_order() -> RawOrder {
     RawOrder::Shuffled
 }
-fn default_context() -> RawContext {
+pub fn default_context() -> RawContext {
     RawContext::Window
 }
-fn default_context_tokens() -> u32 {
+pub fn default_context_tokens() -> u32 {
     4096
 }
-fn default_system_prompt_tokens() -> u32 {
+pub fn default_system_prompt_tokens() -> u32 {
     32
 }
 

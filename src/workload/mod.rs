@@ -10,9 +10,21 @@
 //! lengths), so their results differ only by what the policies do.
 
 pub mod qa;
+pub mod replay;
+pub mod stats;
+pub mod tokenize;
 
 use crate::hash::{ROOT_PARENT, block_hash};
 use crate::units::Nanos;
+
+/// What a scenario's requests come from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum WorkloadSpec {
+    /// A built-in generator with the published shape of a dataset.
+    Generated(qa::QaWorkload),
+    /// A dataset or trace file.
+    Replay(replay::ReplaySpec),
+}
 
 /// Index of a request in its trace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -47,6 +59,17 @@ impl TokenArena {
             .get(i + 1)
             .map_or(self.tokens.len(), |&e| e as usize);
         &self.tokens[start..end]
+    }
+
+    /// Makes room for `tokens` more tokens in `segments` more segments.
+    pub fn reserve(&mut self, tokens: usize, segments: usize) {
+        self.tokens.reserve_exact(tokens);
+        self.starts.reserve_exact(segments);
+    }
+
+    /// Number of segments.
+    pub fn segments(&self) -> usize {
+        self.starts.len()
     }
 
     pub fn total_tokens(&self) -> usize {

@@ -18,7 +18,8 @@ pub fn small() -> Scenario {
 }
 
 pub fn run(s: &Scenario, threads: usize) -> Vec<PolicyRun> {
-    simulate_all(s, Arc::new(trace(s)), threads).expect("the simulation succeeds")
+    simulate_all(s, Arc::new(trace(s).expect("the trace loads")), threads)
+        .expect("the simulation succeeds")
 }
 
 /// Runs `s` and returns the bytes of (requests.csv, summary.csv).

@@ -1,0 +1,493 @@
+//! Replaying real datasets and production traces.
+//!
+//! Two kinds of files become a [`Trace`]:
+//!
+//! * **Datasets** (SQuAD JSON, WikiQA TSV) give text: a [`Corpus`] of documents, their units
+//!   (paragraphs or WikiQA documents) and the questions asked about each unit. They become
+//!   requests the way a QA service would serve them: `system prompt + context + question`,
+//!   where the context is the question's unit or the window of consecutive units of its
+//!   document that contains it (at most `context_tokens` tokens, cut greedily), so every
+//!   question about a window shares it as a prefix. Text is tokenised exactly with a
+//!   `tokenizer.json` or estimated ([`super::tokenize`]). Questions are asked in document order
+//!   or shuffled with the seed; arrivals are Poisson at the configured rate; output lengths
+//!   come from the configured distribution.
+//! * **Traces** (Mooncake JSONL, Vidur/Splitwise CSV, meshsim's canonical JSONL) give
+//!   arrival times, prompt lengths, output lengths and, for Mooncake and canonical traces,
+//!   which prompt blocks are shared. A Mooncake block id becomes a segment of pseudo token
+//!   ids derived from the id ([`crate::hash::pseudo_tokens`]), so equal ids are equal token
+//!   prefixes; a Vidur prompt shares nothing.
+//!
+//! Every error names the file, the line (where there is one) and the field.
+
+pub mod canonical;
+pub mod mooncake;
+pub mod squad;
+pub mod vidur;
+pub mod wikiqa;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use super::qa::{ContextMode, Order, OutputDist};
+use super::tokenize::{PSEUDO_VOCAB, Tokenizer};
+use super::{Request, SegId, TokenArena, Trace};
+use crate::hash::pseudo_tokens;
+use crate::rng::{Stream, streams};
+use crate::units::Nanos;
+
+/// A dataset or trace file that cannot be used, and where.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}{}: {field}: {message}", line.map(|l| format!(":{l}")).unwrap_or_default())]
+pub struct TraceError {
+    pub file: String,
+    /// 1-based line, where the format has lines.
+    pub line: Option<usize>,
+    /// The field (or column, or JSON path) at fault; `file` for the whole file.
+    pub field: String,
+    pub message: String,
+}
+
+impl TraceError {
+    pub fn at(file: &Path, line: usize, field: &str, message: impl Into<String>) -> TraceError {
+        TraceError {
+            file: file.display().to_string(),
+            line: Some(line),
+            field: field.to_string(),
+            message: message.into(),
+        }
+    }
+
+    pub fn whole(file: &Path, field: &str, message: impl Into<String>) -> TraceError {
+        TraceError {
+            file: file.display().to_string(),
+            line: None,
+            field: field.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+/// The formats meshsim reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    SquadJson,
+    WikiqaTsv,
+    MooncakeJsonl,
+    VidurCsv,
+    Canonical,
+}
+
+impl Source {
+    pub const ALL: [Source; 5] = [
+        Source::SquadJson,
+        Source::WikiqaTsv,
+        Source::MooncakeJsonl,
+        Source::VidurCsv,
+        Source::Canonical,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Source::SquadJson => "squad-json",
+            Source::WikiqaTsv => "wikiqa-tsv",
+            Source::MooncakeJsonl => "mooncake-jsonl",
+            Source::VidurCsv => "vidur-csv",
+            Source::Canonical => "canonical",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Source> {
+        Source::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    /// Whether the file holds text that becomes QA prompts (rather than a request trace).
+    pub fn is_dataset(self) -> bool {
+        matches!(self, Source::SquadJson | Source::WikiqaTsv)
+    }
+
+    /// Guesses the format of `path` from its extension (and, for `.jsonl`, its first line).
+    pub fn guess(path: &Path) -> Option<Source> {
+        let ext = path.extension()?.to_str()?.to_ascii_lowercase();
+        match ext.as_str() {
+            "json" => Some(Source::SquadJson),
+            "tsv" => Some(Source::WikiqaTsv),
+            "csv" => Some(Source::VidurCsv),
+            "jsonl" => {
+                let bytes = std::fs::read(path).ok()?;
+                let first = bytes.split(|&b| b == b'\n').next()?;
+                let first = String::from_utf8_lossy(first);
+                Some(if first.contains(canonical::FORMAT_TAG) {
+                    Source::Canonical
+                } else {
+                    Source::MooncakeJsonl
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// The block size that the format's sharing is expressed in (for statistics).
+    pub fn default_block_size(self) -> u32 {
+        match self {
+            Source::MooncakeJsonl => mooncake::BLOCK_TOKENS,
+            _ => 16,
+        }
+    }
+}
+
+/// How dataset questions become requests (unused by trace formats).
+#[derive(Clone, Debug, PartialEq)]
+pub struct QaOptions {
+    pub arrival_rate_per_s: f64,
+    pub order: Order,
+    pub context: ContextMode,
+    /// Text of the system prompt that opens every prompt (empty: none).
+    pub system_prompt: String,
+    pub output: OutputDist,
+}
+
+impl Default for QaOptions {
+    fn default() -> Self {
+        QaOptions {
+            arrival_rate_per_s: 1.0,
+            order: Order::Grouped,
+            context: ContextMode::Unit,
+            system_prompt: DEFAULT_SYSTEM_PROMPT.to_string(),
+            output: OutputDist::Fixed { tokens: 64 },
+        }
+    }
+}
+
+/// The system prompt used when a scenario gives none.
+pub const DEFAULT_SYSTEM_PROMPT: &str = "You are a helpful assistant. Answer the question \
+    using only the context below.";
+
+/// A replayed workload, validated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReplaySpec {
+    pub source: Source,
+    pub path: PathBuf,
+    pub tokenizer: Option<PathBuf>,
+    /// Replay at most this many requests (the first ones, after ordering).
+    pub max_requests: Option<u32>,
+    /// Skip malformed lines (counting them) instead of failing on the first.
+    pub skip_bad_lines: bool,
+    pub qa: QaOptions,
+}
+
+impl ReplaySpec {
+    pub fn new(source: Source, path: impl Into<PathBuf>) -> ReplaySpec {
+        ReplaySpec {
+            source,
+            path: path.into(),
+            tokenizer: None,
+            max_requests: None,
+            skip_bad_lines: false,
+            qa: QaOptions::default(),
+        }
+    }
+}
+
+/// A loaded file as a trace, with what the format tells about it.
+#[derive(Clone, Debug)]
+pub struct Loaded {
+    pub trace: Trace,
+    pub source: Source,
+    /// Block size of the format's sharing (Mooncake: 512; others: 16, vLLM's default).
+    pub block_size: u32,
+    /// Documents (articles, WikiQA collections) in the file, for datasets.
+    pub documents: Option<u32>,
+    /// Units (paragraphs, WikiQA documents) in the file, for datasets.
+    pub units: Option<u32>,
+    /// Questions in the file, for datasets.
+    pub questions: Option<u32>,
+    /// Lines skipped as malformed (only with `skip_bad_lines`).
+    pub skipped_lines: u64,
+    /// For each segment of the arena, `Some(key)` when its tokens are the pseudo tokens
+    /// `pseudo_tokens(key, len)`, which lets the canonical writer store it compactly.
+    pub pseudo: Vec<Option<u64>>,
+}
+
+/// Loads the file of `spec` and builds its trace; `seed` orders and times dataset questions.
+pub fn load(spec: &ReplaySpec, seed: u64) -> Result<Loaded, TraceError> {
+    let mut loaded =
+        match spec.source {
+            Source::SquadJson | Source::WikiqaTsv => {
+                let corpus = if spec.source == Source::SquadJson {
+                    squad::read(&spec.path)?
+                } else {
+                    wikiqa::read(&spec.path, spec.skip_bad_lines)?
+                };
+                let tok = Tokenizer::load(spec.tokenizer.as_deref())?;
+                let mut l = corpus.build(&tok, &spec.qa, spec.max_requests, seed);
+                l.source = spec.source;
+                l
+            }
+            Source::MooncakeJsonl => mooncake::read(&spec.path, spec.skip_bad_lines)?
+                .build(&spec.path, spec.max_requests)?,
+            Source::VidurCsv => vidur::read(&spec.path, spec.skip_bad_lines)?
+                .build(&spec.path, spec.max_requests)?,
+            Source::Canonical => canonical::read(&spec.path, spec.max_requests)?,
+        };
+    loaded.source = spec.source;
+    Ok(loaded)
+}
+
+/// The bytes of `path`, which must not be empty.
+pub(crate) fn read_bytes(path: &Path) -> Result<Vec<u8>, TraceError> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| TraceError::whole(path, "file", format!("cannot read: {e}")))?;
+    if bytes.iter().all(|b| b.is_ascii_whitespace()) {
+        return Err(TraceError::whole(path, "file", "the file is empty"));
+    }
+    Ok(bytes)
+}
+
+/// The non-blank lines of `bytes` as `(1-based line number, text)`, each checked as UTF-8.
+pub(crate) fn lines<'a>(
+    path: &'a Path,
+    bytes: &'a [u8],
+) -> impl Iterator<Item = Result<(usize, &'a str), TraceError>> + 'a {
+    bytes
+        .split(|&b| b == b'\n')
+        .enumerate()
+        .filter(|(_, l)| !l.iter().all(|b| b.is_ascii_whitespace()))
+        .map(move |(i, l)| {
+            let l = l.strip_suffix(b"\r").unwrap_or(l);
+            std::str::from_utf8(l).map(|s| (i + 1, s)).map_err(|e| {
+                TraceError::at(
+                    path,
+                    i + 1,
+                    "line",
+                    format!("not valid UTF-8 (byte {} of the line)", e.valid_up_to() + 1),
+                )
+            })
+        })
+}
+
+/// A line-level error under `skip_bad_lines`: counted and skipped, or returned.
+pub(crate) fn skip_or_fail(skip: bool, skipped: &mut u64, e: TraceError) -> Result<(), TraceError> {
+    if skip {
+        *skipped += 1;
+        Ok(())
+    } else {
+        Err(e)
+    }
+}
+
+/// A text dataset: documents, their units and the questions asked about them.
+#[derive(Clone, Debug, Default)]
+pub struct Corpus {
+    pub documents: Vec<Document>,
+    pub skipped_lines: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Document {
+    pub title: String,
+    /// Paragraphs (SQuAD) or documents (WikiQA), in order.
+    pub units: Vec<String>,
+    /// `(unit index, question text)`, in file order.
+    pub questions: Vec<(u32, String)>,
+}
+
+impl Corpus {
+    pub fn units(&self) -> usize {
+        self.documents.iter().map(|d| d.units.len()).sum()
+    }
+
+    pub fn questions(&self) -> usize {
+        self.documents.iter().map(|d| d.questions.len()).sum()
+    }
+
+    /// Builds the QA trace: see the module doc. Only the documents that the selected
+    /// questions are about are tokenised.
+    pub fn build(
+        &self,
+        tok: &Tokenizer,
+        qa: &QaOptions,
+        max_requests: Option<u32>,
+        seed: u64,
+    ) -> Loaded {
+        // (document, question index), in document order.
+        let mut asked: Vec<(u32, u32)> = self
+            .documents
+            .iter()
+            .enumerate()
+            .flat_map(|(d, doc)| (0..doc.questions.len() as u32).map(move |q| (d as u32, q)))
+            .collect();
+        if qa.order == Order::Shuffled {
+            Stream::new(seed, streams::WORKLOAD_ORDER).shuffle(&mut asked);
+        }
+        if let Some(max) = max_requests {
+            asked.truncate(max as usize);
+        }
+
+        let mut arena = TokenArena::default();
+        let system_tokens = tok.encode(&qa.system_prompt);
+        let system_len = system_tokens.len() as u32;
+        let system = (system_len > 0).then(|| arena.push(system_tokens));
+        // Per document used: the context id of each unit, then each context's segments.
+        let mut unit_ctx: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        let mut contexts: Vec<(Vec<SegId>, u32)> = Vec::new();
+        let mut outputs = Stream::new(seed, streams::WORKLOAD_OUTPUTS);
+        let mut arrivals = Stream::new(seed, streams::WORKLOAD_ARRIVALS);
+        let mut t = 0.0f64;
+        let mut requests = Vec::with_capacity(asked.len());
+        for &(d, q) in &asked {
+            let doc = &self.documents[d as usize];
+            let ctx_of_unit = unit_ctx.entry(d).or_insert_with(|| {
+                let mut of_unit = Vec::with_capacity(doc.units.len());
+                let mut open: Option<u32> = None;
+                for text in &doc.units {
+                    let ids = tok.encode(text);
+                    let len = ids.len() as u32;
+                    let seg = arena.push(ids);
+                    let c = match (qa.context, open) {
+                        (ContextMode::Window { tokens }, Some(c))
+                            if contexts[c as usize].1 + len <= tokens =>
+                        {
+                            c
+                        }
+                        _ => {
+                            contexts.push((Vec::new(), 0));
+                            contexts.len() as u32 - 1
+                        }
+                    };
+                    open = Some(c);
+                    contexts[c as usize].0.push(seg);
+                    contexts[c as usize].1 += len;
+                    of_unit.push(c);
+                }
+                of_unit
+            });
+            let (unit, text) = &doc.questions[q as usize];
+            let ctx = ctx_of_unit[*unit as usize];
+            let q_ids = tok.encode(text);
+            let q_len = q_ids.len() as u32;
+            let q_seg = arena.push(q_ids);
+            let (ctx_segs, ctx_len) = &contexts[ctx as usize];
+            let mut segments = Vec::with_capacity(ctx_segs.len() + 2);
+            segments.extend(system);
+            segments.extend_from_slice(ctx_segs);
+            segments.push(q_seg);
+            t += arrivals.exponential(qa.arrival_rate_per_s);
+            requests.push(Request {
+                arrival: Nanos::from_secs_f64(t),
+                segments,
+                prompt_tokens: system_len + ctx_len + q_len,
+                output_tokens: qa.output.sample(&mut outputs),
+                context: ctx,
+            });
+        }
+        let pseudo = vec![None; arena.segments()];
+        Loaded {
+            trace: Trace {
+                arena,
+                requests,
+                contexts: contexts.len() as u32,
+            },
+            source: Source::SquadJson,
+            block_size: 16,
+            documents: Some(self.documents.len() as u32),
+            units: Some(self.units() as u32),
+            questions: Some(self.questions() as u32),
+            skipped_lines: self.skipped_lines,
+            pseudo,
+        }
+    }
+}
+
+/// One request of a trace file: arrival, prompt blocks and output length.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TraceRecord {
+    pub arrival: Nanos,
+    /// `(block key, tokens)`: blocks with equal keys and positions are shared prefixes.
+    pub blocks: Vec<(u64, u32)>,
+    pub output_tokens: u32,
+}
+
+/// A request trace read from a file.
+#[derive(Clone, Debug, Default)]
+pub struct TraceFile {
+    pub records: Vec<TraceRecord>,
+    pub block_size: u32,
+    pub skipped_lines: u64,
+}
+
+impl TraceFile {
+    /// Builds the trace: each distinct `(key, tokens)` block is one segment of pseudo
+    /// tokens; requests are sorted by arrival (stable), then the first `max_requests` kept.
+    /// `path` names the file in the error given when the distinct blocks hold more than
+    /// [`canonical::MAX_ARENA_TOKENS`] tokens.
+    pub fn build(mut self, path: &Path, max_requests: Option<u32>) -> Result<Loaded, TraceError> {
+        self.records.sort_by_key(|r| r.arrival);
+        if let Some(max) = max_requests {
+            self.records.truncate(max as usize);
+        }
+        let mut arena = TokenArena::default();
+        let mut pseudo = Vec::new();
+        // Lookups only (never iterated), so std's hasher cannot change the result.
+        let mut segs: std::collections::HashMap<(u64, u32), SegId> = Default::default();
+        let mut requests = Vec::with_capacity(self.records.len());
+        let mut first_blocks: BTreeMap<u64, u32> = BTreeMap::new();
+        // First pass: number the distinct blocks, so the arena is allocated once.
+        let mut distinct: Vec<(u64, u32)> = Vec::new();
+        let mut total = 0u64;
+        let mut prompts: Vec<Vec<SegId>> = Vec::with_capacity(self.records.len());
+        for r in &self.records {
+            let mut segments = Vec::with_capacity(r.blocks.len());
+            for &(key, len) in &r.blocks {
+                let seg = *segs.entry((key, len)).or_insert_with(|| {
+                    distinct.push((key, len));
+                    total += len as u64;
+                    SegId(distinct.len() as u32 - 1)
+                });
+                segments.push(seg);
+            }
+            prompts.push(segments);
+        }
+        if total > canonical::MAX_ARENA_TOKENS {
+            return Err(TraceError::whole(
+                path,
+                "file",
+                format!(
+                    "the distinct prompt blocks hold {total} tokens, more than {}",
+                    canonical::MAX_ARENA_TOKENS
+                ),
+            ));
+        }
+        arena.reserve(total as usize, distinct.len());
+        for &(key, len) in &distinct {
+            pseudo.push(Some(key));
+            arena.push(pseudo_tokens(key, len as u64, PSEUDO_VOCAB));
+        }
+        for (r, segments) in self.records.iter().zip(prompts) {
+            let next = first_blocks.len() as u32;
+            let context = *first_blocks
+                .entry(r.blocks.first().map_or(u64::MAX, |b| b.0))
+                .or_insert(next);
+            requests.push(Request {
+                arrival: r.arrival,
+                prompt_tokens: r.blocks.iter().map(|b| b.1).sum(),
+                segments,
+                output_tokens: r.output_tokens,
+                context,
+            });
+        }
+        Ok(Loaded {
+            trace: Trace {
+                arena,
+                requests,
+                contexts: first_blocks.len() as u32,
+            },
+            source: Source::MooncakeJsonl,
+            block_size: self.block_size,
+            documents: None,
+            units: None,
+            questions: None,
+            skipped_lines: self.skipped_lines,
+            pseudo,
+        })
+    }
+}
