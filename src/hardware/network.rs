@@ -1,20 +1,27 @@
 //! Transfers over links, with contention.
 //!
-//! **Model: FIFO cut-through reservation.** Every directed link (a NIC's transmit or receive
-//! side, a GPU's PCIe link, a GPU's NVLink port) has a time `free_at` until which it is busy.
-//! A transfer of `b` bytes over a path of links starts at
-//! `start = max(now, free_at of every link on the path)`, occupies every link of the path for
-//! `b / min(bandwidth)` (the bottleneck serialises it), and arrives
-//! `latency(path)` after its last byte leaves: `arrival = start + b / bw_min + latency`.
-//! Each link's `free_at` becomes `start + b / bw_min`.
+//! **Model: FIFO links in tandem, cut-through.** Every directed link (a NIC's transmit or
+//! receive side, a GPU's PCIe link, a GPU's NVLink port) is a FIFO server with a time
+//! `free_at` until which it is busy. A transfer of `b` bytes crosses the links of its path in
+//! order; on link `i`, with `d = b / bw_min` (the path's bottleneck sets the pace),
+//!
+//! ```text
+//! start_i = max(free_at_i, start_{i-1})        (start_0 = now)
+//! end_i   = max(start_i + d, end_{i-1})        (bytes cannot leave before they arrive)
+//! free_at_i = end_i
+//! ```
+//!
+//! and it arrives `latency(path)` after its last byte leaves the last link.
 //!
 //! Why FIFO rather than fair sharing: a NIC serves RDMA work requests from its send queue in
 //! order, and bulk transfers (KV prefixes of megabytes) are what contend; FIFO gives each
 //! transfer a completion time at the moment it is issued, in O(path length), without
 //! rescheduling other transfers' completion events as processor sharing would, and it keeps
-//! the total throughput of a link exactly at its bandwidth. What it ignores: a small transfer
-//! cannot overtake a large one already queued (fair sharing would let it finish earlier), and a
-//! link reserved for a transfer waits idle while another link of the path is still busy.
+//! the total throughput of a link at its bandwidth. Each link is busy only while the transfer
+//! crosses it: a transfer waiting for a busy receiver does not hold its sender idle (a convoy
+//! that would waste the sender's bandwidth). What it ignores: a small transfer cannot overtake
+//! a large one already queued (fair sharing would let it finish earlier), and a sender is
+//! charged as if it streamed at the bottleneck's pace even while the receiver is still busy.
 //!
 //! Control messages between the frontend and a node terminate at the node's host CPU: they
 //! cross both NICs and the fabric but not PCIe. Data read from another node goes NIC to NIC
@@ -170,13 +177,14 @@ impl Network {
         let bandwidth = self.links[path[0]]
             .bandwidth
             .min(self.links[path[1]].bandwidth);
-        let start = now
-            .max(self.links[path[0]].free_at)
-            .max(self.links[path[1]].free_at);
-        let done = start + Nanos::for_bytes(bytes, bandwidth);
+        let d = Nanos::for_bytes(bytes, bandwidth);
+        let (mut start, mut done) = (now, now);
         for &l in &path[..if path[0] == path[1] { 1 } else { 2 }] {
-            self.links[l].free_at = done;
-            self.links[l].bytes += bytes;
+            let link = &mut self.links[l];
+            start = start.max(link.free_at);
+            done = (start + d).max(done);
+            link.free_at = done;
+            link.bytes += bytes;
         }
         match kind {
             0 => self.totals.network += bytes,
@@ -294,9 +302,10 @@ mod tests {
             1_000,
         );
         assert_eq!(c, Nanos(1_000 + 2_300));
-        // The frontend's transmit side is busy with `b` until 2 ms.
+        // The frontend's transmit side sent `b` from 0 to 1 ms, although `b` only finished on
+        // node 1's receiving side at 2 ms: the sender was not held idle.
         let d = net.transfer(Nanos(0), Place::Frontend, Place::Host { node: 0 }, 1_000);
-        assert_eq!(d, Nanos(2_000_000 + 1_000 + 2_300));
+        assert_eq!(d, Nanos(1_000_000 + 1_000 + 2_300));
         assert_eq!(net.totals().network, 2_002_000);
     }
 
