@@ -2,7 +2,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
@@ -324,35 +323,28 @@ fn run(
         }
     };
     if let Some(seed) = seed {
-        s.seed = seed;
+        s.set_seed(seed);
     }
     if !quiet {
         describe(&s);
+        if !s.points.is_empty() {
+            let labels: Vec<&str> = s.points.iter().map(|p| p.label.as_str()).collect();
+            println!("  sweep: {} points: {}", labels.len(), labels.join(", "));
+        }
     }
     let started = Instant::now();
-    let trace = match meshsim::run::trace(&s) {
-        Ok(t) => Arc::new(t),
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(EXIT_BAD_INPUT);
-        }
-    };
-    if !quiet {
-        println!(
-            "  trace: {} requests over {} contexts, mean prompt {:.0} tokens, built in {:.2} s",
-            trace.requests.len(),
-            trace.contexts,
-            trace.mean_prompt_tokens(),
-            started.elapsed().as_secs_f64()
-        );
-    }
     let threads =
         threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let spinner = Spinner::start(!quiet, format!("simulating {} policies", s.policies.len()));
-    let runs = meshsim::run::simulate_all(&s, trace, threads);
+    let simulations = s.policies.len() * s.points.len().max(1);
+    let spinner = Spinner::start(!quiet, format!("simulating {simulations} runs"));
+    let runs = meshsim::run::simulate_experiment(&s, threads);
     spinner.stop();
     let runs = match runs {
         Ok(r) => r,
+        Err(meshsim::run::RunError::Trace(e)) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_BAD_INPUT);
+        }
         Err(e) => {
             eprintln!("error: {e}");
             eprintln!(
@@ -389,6 +381,9 @@ fn run(
         for r in &runs {
             let sm = &r.summary;
             events += sm.events;
+            if let Some(point) = &sm.point {
+                print!("  [{point}]");
+            }
             println!(
                 "  {:<13} TTFT p50 {:>9.1} ms  p99 {:>9.1} ms | TPOT p50 {:>6.1} ms | hit {:>5.1}% | {:>9} events in {:.2} s ({:.2} M events/s)",
                 sm.policy,

@@ -152,33 +152,90 @@ pub fn simulate(
     })
 }
 
-/// Simulates every policy of the scenario on one trace, in scenario order.
+/// Simulates every policy of the scenario on one trace, in scenario order (no sweep).
 pub fn simulate_all(
     s: &Scenario,
     trace: Arc<Trace>,
     threads: usize,
 ) -> Result<Vec<PolicyRun>, SimError> {
-    let threads = threads.max(1);
-    let mut runs = Vec::with_capacity(s.policies.len());
-    for chunk in s.policies.chunks(threads) {
-        let results: Vec<Result<PolicyRun, SimError>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = chunk
-                .iter()
-                .map(|&p| {
-                    let trace = trace.clone();
-                    scope.spawn(move || simulate(s, trace, p))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("a simulation thread panicked"))
-                .collect()
-        });
-        for r in results {
-            runs.push(r?);
+    let jobs: Vec<Job> = s
+        .policies
+        .iter()
+        .map(|&p| (None, s, trace.clone(), p))
+        .collect();
+    run_jobs(&jobs, threads).into_iter().collect()
+}
+
+/// A simulation to run: sweep point label, scenario, trace, policy.
+type Job<'a> = (Option<&'a str>, &'a Scenario, Arc<Trace>, PolicyKind);
+
+/// Runs `jobs` on up to `threads` threads; results come back in job order.
+fn run_jobs(jobs: &[Job], threads: usize) -> Vec<Result<PolicyRun, SimError>> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let slots: Vec<std::sync::Mutex<Option<Result<PolicyRun, SimError>>>> =
+        jobs.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..threads.clamp(1, jobs.len().max(1)) {
+            scope.spawn(|| {
+                // Bounded: each round takes a job index; indices past the end stop the loop.
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some((label, sc, t, p)) = jobs.get(i) else {
+                        break;
+                    };
+                    let mut r = simulate(sc, t.clone(), *p);
+                    if let Ok(run) = &mut r {
+                        run.summary.point = label.map(str::to_string);
+                    }
+                    *slots[i].lock().expect("no panics while holding the lock") = Some(r);
+                }
+            });
+        }
+    });
+    slots
+        .into_iter()
+        .map(|m| {
+            m.into_inner()
+                .expect("no panics while holding the lock")
+                .expect("every job ran")
+        })
+        .collect()
+}
+
+/// Why an experiment did not run to the end.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// A dataset or trace file is bad input.
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+    /// A simulation broke a limit or an invariant.
+    #[error(transparent)]
+    Sim(#[from] SimError),
+}
+
+/// Simulates every policy at every sweep point of `s` (or once, without a sweep), running up
+/// to `threads` simulations at once. Runs come back in order: points in sweep order, policies
+/// in scenario order; each is labelled with its point. Results do not depend on `threads`.
+pub fn simulate_experiment(s: &Scenario, threads: usize) -> Result<Vec<PolicyRun>, RunError> {
+    let points: Vec<(Option<&str>, &Scenario)> = if s.points.is_empty() {
+        vec![(None, s)]
+    } else {
+        s.points
+            .iter()
+            .map(|p| (Some(p.label.as_str()), &p.scenario))
+            .collect()
+    };
+    let mut jobs: Vec<Job> = Vec::new();
+    for (label, sc) in &points {
+        let t = Arc::new(trace(sc)?);
+        for &p in &sc.policies {
+            jobs.push((*label, *sc, t.clone(), p));
         }
     }
-    Ok(runs)
+    run_jobs(&jobs, threads)
+        .into_iter()
+        .map(|r| r.map_err(RunError::from))
+        .collect()
 }
 
 /// What [`write_results`] did, for the console (wall-clock figures are never in result files).
@@ -209,9 +266,15 @@ pub fn write_results(s: &Scenario, runs: &[PolicyRun], dir: &Path) -> std::io::R
     std::fs::create_dir_all(&tmp)?;
     let result = (|| -> std::io::Result<Duration> {
         std::fs::write(tmp.join("scenario.toml"), &s.text)?;
-        let records: Vec<(&str, &[crate::metrics::RequestRecord])> = runs
+        let records: Vec<(Option<&str>, &str, &[crate::metrics::RequestRecord])> = runs
             .iter()
-            .map(|r| (r.policy.name(), r.report.records.as_slice()))
+            .map(|r| {
+                (
+                    r.summary.point.as_deref(),
+                    r.policy.name(),
+                    r.report.records.as_slice(),
+                )
+            })
             .collect();
         let f = std::io::BufWriter::new(std::fs::File::create(tmp.join("requests.csv"))?);
         write_requests(f, &records).map_err(std::io::Error::other)?;

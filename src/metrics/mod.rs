@@ -136,6 +136,8 @@ impl Dist {
 /// The summary of one policy's run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Summary {
+    /// The sweep point, when the scenario sweeps parameters.
+    pub point: Option<String>,
     pub policy: String,
     pub requests: u64,
     pub completed: u64,
@@ -188,6 +190,7 @@ impl Summary {
         let busy: u64 = report.instances.iter().map(|s| s.busy.0).sum();
         let capacity = duration.0 as f64 * report.instances.len() as f64;
         Summary {
+            point: None,
             policy: policy.to_string(),
             requests: report.records.len() as u64,
             completed: done.len() as u64,

@@ -55,14 +55,20 @@ pub fn request_header() -> Vec<String> {
     .collect()
 }
 
-/// Writes `requests.csv` rows for the policies' records, in the given order.
+/// Writes `requests.csv` rows for the runs' records (sweep point, policy, records), in the
+/// given order. A `point` column comes first when any run belongs to a sweep point.
 pub fn write_requests<W: Write>(
     out: W,
-    runs: &[(&str, &[RequestRecord])],
+    runs: &[(Option<&str>, &str, &[RequestRecord])],
 ) -> Result<(), csv::Error> {
     let mut w = csv::Writer::from_writer(out);
-    w.write_record(request_header())?;
-    for (policy, records) in runs {
+    let swept = runs.iter().any(|r| r.0.is_some());
+    let mut header = request_header();
+    if swept {
+        header.insert(0, "point".into());
+    }
+    w.write_record(header)?;
+    for (point, policy, records) in runs {
         for r in records.iter() {
             let status = if r.rejected {
                 "rejected"
@@ -76,7 +82,11 @@ pub fn write_requests<W: Write>(
             } else {
                 r.instance.to_string()
             };
-            let mut row = vec![
+            let mut row = Vec::with_capacity(32);
+            if swept {
+                row.push(point.unwrap_or("").to_string());
+            }
+            row.extend([
                 policy.to_string(),
                 r.id.to_string(),
                 r.arrival.0.to_string(),
@@ -85,7 +95,7 @@ pub fn write_requests<W: Write>(
                 r.prompt_tokens.to_string(),
                 r.output_tokens.to_string(),
                 r.reused_tokens().to_string(),
-            ];
+            ]);
             row.extend(r.reused.iter().map(|t| t.to_string()));
             row.extend(r.loaded_bytes[1..].iter().map(|b| b.to_string()));
             row.extend([
@@ -139,12 +149,21 @@ pub fn summary_header() -> Vec<String> {
     h
 }
 
-/// Writes `summary.csv` with one row per summary.
+/// Writes `summary.csv` with one row per summary (a `point` column first when sweeping).
 pub fn write_summary<W: Write>(out: W, summaries: &[Summary]) -> Result<(), csv::Error> {
     let mut w = csv::Writer::from_writer(out);
-    w.write_record(summary_header())?;
+    let swept = summaries.iter().any(|s| s.point.is_some());
+    let mut header = summary_header();
+    if swept {
+        header.insert(0, "point".into());
+    }
+    w.write_record(header)?;
     for s in summaries {
-        let mut row = vec![
+        let mut row = Vec::with_capacity(64);
+        if swept {
+            row.push(s.point.clone().unwrap_or_default());
+        }
+        row.extend([
             s.policy.clone(),
             s.requests.to_string(),
             s.completed.to_string(),
@@ -152,7 +171,7 @@ pub fn write_summary<W: Write>(out: W, summaries: &[Summary]) -> Result<(), csv:
             format!("{:.6}", s.duration.as_secs_f64()),
             f3(s.throughput_rps),
             f3(s.output_tokens_per_s),
-        ];
+        ]);
         for d in [s.ttft, s.tpot, s.e2e, s.queue] {
             row.extend([f3(d.mean), f3(d.p50), f3(d.p90), f3(d.p99)]);
         }
@@ -198,7 +217,7 @@ mod tests {
             },
         );
         let mut buf = Vec::new();
-        write_requests(&mut buf, &[("p", std::slice::from_ref(&r))]).unwrap();
+        write_requests(&mut buf, &[(None, "p", std::slice::from_ref(&r))]).unwrap();
         let text = String::from_utf8(buf).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(

@@ -363,6 +363,9 @@ pub(crate) fn ttft_percentiles<DB: DrawingBackend>(
 where
     DB::ErrorType: 'static,
 {
+    if r.summary.iter().any(|s| s.point.is_some()) {
+        return ttft_against_points(root, r);
+    }
     let p = panels(root, "Time to first token (TTFT) per policy", 2)?;
     let ms = |_: usize, v: f64| format!("{v:.1} ms");
     for (area, title, pick) in [
@@ -383,6 +386,119 @@ where
             value_label: &ms,
         };
         bars(area, r, b)?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+/// For a sweep: TTFT p50 and p99 of each policy against the sweep points, on a log scale.
+fn ttft_against_points<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, r: &Results) -> DrawResult
+where
+    DB::ErrorType: 'static,
+{
+    let mut points: Vec<&str> = Vec::new();
+    let mut policies: Vec<&str> = Vec::new();
+    for s in &r.summary {
+        let p = s.point.as_deref().unwrap_or("");
+        if !points.contains(&p) {
+            points.push(p);
+        }
+        if !policies.contains(&s.policy.as_str()) {
+            policies.push(&s.policy);
+        }
+    }
+    // One swept key: name the axis after it and label ticks with its values alone.
+    let key = points
+        .first()
+        .and_then(|p| p.split_once('='))
+        .map(|(k, _)| k)
+        .filter(|k| {
+            points.iter().all(|p| {
+                p.split_once('=')
+                    .is_some_and(|(pk, v)| pk == *k && !v.contains('='))
+            })
+        });
+    let ticks: Vec<String> = points
+        .iter()
+        .map(|p| match key {
+            Some(_) => p.split_once('=').map_or(*p, |(_, v)| v).to_string(),
+            None => p.to_string(),
+        })
+        .collect();
+    let x_desc = key.unwrap_or("sweep point");
+    let p = panels(root, "Time to first token (TTFT) across the sweep", 2)?;
+    for (area, title, pick) in [
+        (
+            &p[0],
+            "median (p50)",
+            (|s: &SummaryRow| s.ttft_p50_ms) as fn(&SummaryRow) -> f64,
+        ),
+        (&p[1], "99th percentile (p99)", |s: &SummaryRow| {
+            s.ttft_p99_ms
+        }),
+    ] {
+        let values: Vec<f64> = r.summary.iter().map(pick).filter(|v| *v > 0.0).collect();
+        let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = values.iter().copied().fold(0.0, f64::max);
+        let (lo, hi) = if values.is_empty() {
+            (1.0, 10.0)
+        } else {
+            (lo * 0.8, (hi * 1.25).max(lo * 2.0))
+        };
+        let mut chart = ChartBuilder::on(area)
+            .caption(title, text(PANEL_TITLE_SIZE))
+            .margin(20)
+            .x_label_area_size(55)
+            .y_label_area_size(70)
+            .build_cartesian_2d(Categories(points.len()), LogAxis { lo, hi })?;
+        chart
+            .configure_mesh()
+            .x_desc(x_desc)
+            .y_desc("TTFT (ms, log scale)")
+            .x_label_formatter(&|v| {
+                ticks
+                    .get(v.round().max(0.0) as usize)
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .y_label_formatter(&|v| log_tick(*v))
+            .label_style(text(LABEL_SIZE))
+            .axis_desc_style(text(DESC_SIZE))
+            .bold_line_style(BLACK.mix(0.12))
+            .light_line_style(TRANSPARENT)
+            .draw()?;
+        for policy in &policies {
+            let color = policy_color(r, policy);
+            let series: Vec<(f64, f64)> = points
+                .iter()
+                .enumerate()
+                .filter_map(|(i, pt)| {
+                    r.summary
+                        .iter()
+                        .find(|s| s.policy == *policy && s.point.as_deref() == Some(*pt))
+                        .map(|s| (i as f64, pick(s)))
+                        .filter(|(_, v)| *v > 0.0)
+                })
+                .collect();
+            chart
+                .draw_series(LineSeries::new(series.clone(), color.stroke_width(3)))?
+                .label(*policy)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3))
+                });
+            chart.draw_series(
+                series
+                    .into_iter()
+                    .map(|xy| Circle::new(xy, 5, color.filled())),
+            )?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .label_font(text(LABEL_SIZE))
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK.mix(0.4))
+            .draw()?;
     }
     root.present()?;
     Ok(())

@@ -216,6 +216,7 @@ fn read_summary(path: &Path) -> Result<Vec<SummaryRow>, PlotError> {
 fn read_requests(path: &Path) -> Result<Vec<Latencies>, PlotError> {
     let (t, mut reader) = Table::open(path)?;
     let policy = t.column("policy")?;
+    let point = t.optional_column("point");
     let status = t.column("status")?;
     let ttft = t.column("ttft_ns")?;
     let tpot = t.column("tpot_ns")?;
@@ -225,7 +226,14 @@ fn read_requests(path: &Path) -> Result<Vec<Latencies>, PlotError> {
         .read_record(&mut rec)
         .map_err(|e| csv_error(path, e))?
     {
-        let name = rec.get(policy).unwrap_or("");
+        let name = match point {
+            Some(col) => format!(
+                "{} @ {}",
+                rec.get(policy).unwrap_or(""),
+                rec.get(col).unwrap_or("")
+            ),
+            None => rec.get(policy).unwrap_or("").to_string(),
+        };
         // Consecutive rows almost always share a policy: look at the last entry first.
         let i = match out.iter().rposition(|l| l.policy == name) {
             Some(i) => i,

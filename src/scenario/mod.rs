@@ -73,7 +73,23 @@ pub struct Scenario {
     pub workload: WorkloadSpec,
     pub store: StoreConfig,
     pub limits: Limits,
+    /// The points of the scenario's `[sweep]`, each a whole validated scenario; empty when
+    /// nothing is swept.
+    pub points: Vec<SweepPoint>,
 }
+
+/// One point of a sweep.
+#[derive(Clone, Debug)]
+pub struct SweepPoint {
+    /// `key=value` for each swept key (last path segment), space-separated.
+    pub label: String,
+    pub scenario: Scenario,
+}
+
+/// Most parameters one sweep may vary.
+pub const MAX_SWEEP_AXES: usize = 2;
+/// Most points one sweep may have.
+pub const MAX_SWEEP_POINTS: usize = 256;
 
 /// Largest number of requests a scenario may ask for.
 pub const MAX_REQUESTS: u32 = 10_000_000;
@@ -194,7 +210,20 @@ impl Scenario {
             let key = if path == "." { String::new() } else { path };
             toml_err(key, e.inner())
         })?;
-        validate(file, default_name, text, raw)
+        let sweep = raw.sweep.clone();
+        let mut s = validate(file, default_name, text, raw)?;
+        if let Some(sweep) = sweep {
+            s.points = sweep_points(file, &s.name, text, &sweep)?;
+        }
+        Ok(s)
+    }
+
+    /// Sets the seed of the scenario and of every sweep point.
+    pub fn set_seed(&mut self, seed: u64) {
+        self.seed = seed;
+        for p in &mut self.points {
+            p.scenario.seed = seed;
+        }
     }
 
     /// Number of serving instances (one per tensor-parallel group of GPUs).
@@ -463,7 +492,98 @@ fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenar
         workload,
         store,
         limits,
+        points: Vec::new(),
     })
+}
+
+/// Expands `[sweep]`: every combination of the listed values (the first key varies slowest),
+/// each applied to the file's other keys and validated as a whole scenario.
+fn sweep_points(
+    file: &str,
+    name: &str,
+    text: &str,
+    sweep: &toml::Table,
+) -> Result<Vec<SweepPoint>, ScenarioError> {
+    let err = |key: &str, message: String| ScenarioError {
+        file: file.to_string(),
+        key: if key.is_empty() {
+            "sweep".to_string()
+        } else {
+            format!("sweep.\"{key}\"")
+        },
+        message,
+        line_col: None,
+    };
+    if sweep.is_empty() || sweep.len() > MAX_SWEEP_AXES {
+        return Err(err(
+            "",
+            format!(
+                "expected 1 to {MAX_SWEEP_AXES} keys to sweep, found {}",
+                sweep.len()
+            ),
+        ));
+    }
+    let mut axes: Vec<(&str, &Vec<toml::Value>)> = Vec::new();
+    for (key, values) in sweep {
+        match values {
+            toml::Value::Array(v) if !v.is_empty() => axes.push((key, v)),
+            _ => {
+                return Err(err(key, "expected a non-empty list of values".into()));
+            }
+        }
+    }
+    let total: usize = axes.iter().map(|(_, v)| v.len()).product();
+    if total > MAX_SWEEP_POINTS {
+        return Err(err(
+            "",
+            format!("{total} points; at most {MAX_SWEEP_POINTS} are allowed"),
+        ));
+    }
+    let mut base: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| err("", e.message().to_string()))?;
+    base.remove("sweep");
+    let mut points = Vec::with_capacity(total);
+    for i in 0..total {
+        let mut t = base.clone();
+        let mut label = Vec::new();
+        let mut rest = i;
+        for (key, values) in axes.iter().rev() {
+            let v = &values[rest % values.len()];
+            rest /= values.len();
+            set_path(&mut t, key, v.clone()).map_err(|m| err(key, m))?;
+            let shown = match v {
+                toml::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            label.push(format!("{}={shown}", key.rsplit('.').next().unwrap_or(key)));
+        }
+        label.reverse();
+        let label = label.join(" ");
+        let point_text = toml::to_string(&t).map_err(|e| err("", e.to_string()))?;
+        let scenario =
+            Scenario::parse(&format!("{file} (sweep point {label})"), name, &point_text)?;
+        points.push(SweepPoint { label, scenario });
+    }
+    Ok(points)
+}
+
+/// Sets the dotted `path` in `t` to `v`, creating missing tables.
+fn set_path(t: &mut toml::Table, path: &str, v: toml::Value) -> Result<(), String> {
+    let mut parts: Vec<&str> = path.split('.').collect();
+    let last = parts.pop().filter(|l| !l.is_empty()).ok_or("empty key")?;
+    let mut cur = t;
+    for p in parts {
+        let next = cur
+            .entry(p.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        cur = match next {
+            toml::Value::Table(t) => t,
+            _ => return Err(format!("`{p}` is not a table")),
+        };
+    }
+    cur.insert(last.to_string(), v);
+    Ok(())
 }
 
 fn output_dist(c: &Check, o: &RawOutput) -> Result<OutputDist, ScenarioError> {

@@ -27,6 +27,8 @@ pub struct Raw {
     pub store: RawStore,
     #[serde(default)]
     pub limits: RawLimits,
+    /// Parameters to sweep: dotted key paths, each with a list of values.
+    pub sweep: Option<toml::Table>,
 }
 
 #[derive(Debug, Deserialize)]
