@@ -1,0 +1,33 @@
+//! The committed results of a bundled scenario are what the code produces now: re-running
+//! `scenarios/polaris_8gpu.toml` gives its committed `summary.csv` byte for byte. When a
+//! change to the model moves results on purpose, re-run the bundled scenarios
+//! (`cargo run --release -- run scenarios/<name>.toml`) and commit `results/` with it.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use meshsim::Scenario;
+use meshsim::run::{simulate_all, trace, write_results};
+
+#[test]
+fn polaris_8gpu_reproduces_its_committed_summary() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let s = Scenario::load(&root.join("scenarios/polaris_8gpu.toml")).unwrap();
+    let runs = simulate_all(&s, Arc::new(trace(&s).unwrap()), 2).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("polaris_8gpu");
+    write_results(&s, &runs, &out).unwrap();
+    let now = std::fs::read_to_string(out.join("summary.csv")).unwrap();
+    let committed = std::fs::read_to_string(root.join("results/polaris_8gpu/summary.csv"))
+        .expect("results/polaris_8gpu/summary.csv is committed");
+    assert!(
+        now == committed,
+        "summary.csv of polaris_8gpu changed; re-run the bundled scenarios and commit results/\n\
+         now:\n{now}\ncommitted:\n{committed}"
+    );
+    let report = std::fs::read_to_string(root.join("results/polaris_8gpu/report.md")).unwrap();
+    assert!(
+        report.contains("ttft_cdf.png"),
+        "the committed report embeds the plots"
+    );
+}
