@@ -116,6 +116,13 @@ pub struct Dist {
     pub p99: f64,
 }
 
+/// The nearest-rank percentile `q` (0-100] of a sorted, non-empty slice:
+/// `sorted[ceil(q/100 x n) - 1]`.
+pub fn nearest_rank<T: Copy>(sorted: &[T], q: f64) -> T {
+    let n = sorted.len();
+    sorted[((q / 100.0 * n as f64).ceil() as usize).clamp(1, n) - 1]
+}
+
 impl Dist {
     pub fn of(mut v: Vec<Nanos>) -> Dist {
         if v.is_empty() {
@@ -123,7 +130,7 @@ impl Dist {
         }
         v.sort_unstable();
         let n = v.len();
-        let pct = |q: f64| v[((q / 100.0 * n as f64).ceil() as usize).clamp(1, n) - 1].as_ms_f64();
+        let pct = |q: f64| nearest_rank(&v, q).as_ms_f64();
         Dist {
             mean: v.iter().map(|d| d.0 as f64).sum::<f64>() / n as f64 / 1e6,
             p50: pct(50.0),

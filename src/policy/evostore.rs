@@ -7,44 +7,19 @@
 //! own region. Eviction order per the scenario (`[store.evostore] eviction`, LRU by default).
 //! Combined with the GPU-local prefix cache when `[store] gpu_prefix_cache` is true.
 
-use super::{Policy, STORE_TIERS as WITH_GPU, Tier};
+use super::StorePolicy;
 use crate::store::{StoreConfig, StoreRules};
 
-#[derive(Debug, Clone, Copy)]
-pub struct EvoStore {
-    rules: StoreRules,
-    gpu_cache: bool,
-}
-
-impl EvoStore {
-    pub fn new(cfg: &StoreConfig) -> EvoStore {
-        EvoStore {
-            rules: StoreRules {
-                eviction: cfg.evostore.eviction,
-                replica_fraction: 0.0,
-                replicate_after_reads: None,
-                consolidate: false,
-            },
-            gpu_cache: cfg.gpu_prefix_cache,
-        }
-    }
-}
-
-impl Policy for EvoStore {
-    fn name(&self) -> &'static str {
-        "evostore"
-    }
-    fn lookup_tiers(&self) -> &'static [Tier] {
-        if self.gpu_cache {
-            WITH_GPU
-        } else {
-            &WITH_GPU[1..]
-        }
-    }
-    fn keep_gpu_blocks(&self) -> bool {
-        self.gpu_cache
-    }
-    fn store_rules(&self) -> Option<StoreRules> {
-        Some(self.rules)
+/// The `evostore` policy with the scenario's `[store]` settings.
+pub fn policy(cfg: &StoreConfig) -> StorePolicy {
+    StorePolicy {
+        name: "evostore",
+        rules: StoreRules {
+            eviction: cfg.evostore.eviction,
+            replica_fraction: 0.0,
+            replicate_after_reads: None,
+            consolidate: false,
+        },
+        gpu_cache: cfg.gpu_prefix_cache,
     }
 }

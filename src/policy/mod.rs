@@ -10,9 +10,7 @@ mod local_prefix;
 mod ptstore;
 mod vanilla;
 
-pub use evostore::EvoStore;
 pub use local_prefix::LocalPrefix;
-pub use ptstore::PtStore;
 pub use vanilla::Vanilla;
 
 use crate::store::{StoreConfig, StoreRules};
@@ -63,6 +61,34 @@ const STORE_TIERS: &[Tier] = &[
     Tier::RemoteSsd,
 ];
 
+/// A policy that uses the distributed prefix store: its rules, and whether it also keeps the
+/// GPU-local prefix cache. The store policies (`evostore`, `ptstore`) differ only in rules.
+#[derive(Debug, Clone, Copy)]
+pub struct StorePolicy {
+    name: &'static str,
+    rules: StoreRules,
+    gpu_cache: bool,
+}
+
+impl Policy for StorePolicy {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn lookup_tiers(&self) -> &'static [Tier] {
+        if self.gpu_cache {
+            STORE_TIERS
+        } else {
+            &STORE_TIERS[1..]
+        }
+    }
+    fn keep_gpu_blocks(&self) -> bool {
+        self.gpu_cache
+    }
+    fn store_rules(&self) -> Option<StoreRules> {
+        Some(self.rules)
+    }
+}
+
 /// A prefix-reuse policy.
 pub trait Policy: Send + Sync + fmt::Debug {
     /// The name used in scenarios and results.
@@ -100,8 +126,8 @@ impl PolicyKind {
         match self {
             PolicyKind::Vanilla => Box::new(Vanilla),
             PolicyKind::LocalPrefix => Box::new(LocalPrefix),
-            PolicyKind::EvoStore => Box::new(EvoStore::new(store)),
-            PolicyKind::PtStore => Box::new(PtStore::new(store)),
+            PolicyKind::EvoStore => Box::new(evostore::policy(store)),
+            PolicyKind::PtStore => Box::new(ptstore::policy(store)),
         }
     }
 

@@ -36,7 +36,7 @@ impl LenDist {
         }
         v.sort_unstable();
         let n = v.len();
-        let pct = |q: f64| v[((q / 100.0 * n as f64).ceil() as usize).clamp(1, n) - 1];
+        let pct = |q: f64| crate::metrics::nearest_rank(&v, q);
         LenDist {
             mean: v.iter().map(|&x| x as f64).sum::<f64>() / n as f64,
             p50: pct(50.0),
