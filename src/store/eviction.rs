@@ -12,9 +12,10 @@
 //!
 //! Keys are totally ordered `u64`s (a GDSF priority is a non-negative `f64`, whose IEEE bits
 //! order like the number); ties break by tensor id, so eviction order is deterministic.
-//! Every operation is O(log n).
+//! Every operation is O(log n) amortised.
 
-use std::collections::{BTreeSet, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 
 use crate::hash::IdBuildHasher;
 
@@ -30,15 +31,25 @@ pub enum Eviction {
 #[derive(Clone, Copy, Debug)]
 struct Entry {
     key: u64,
+    /// Bumped on every re-keying; heap items of older versions are stale.
+    version: u32,
     freq: u32,
     /// cost / size, in ns per byte.
     value: f64,
 }
 
+/// A heap item: (key, id, version), smallest first.
+type Item = Reverse<(u64, u64, u32)>;
+
 /// An eviction queue over entries identified by `u64` ids.
+///
+/// The order lives in a binary min-heap with lazy deletion: re-keying an entry pushes a new
+/// item and leaves the old one stale, to be skipped when it surfaces. Under LRU a touched
+/// entry gets the largest key, so its push costs O(1); under GDSF it is O(log n). Stale items
+/// are bounded: when they outnumber live entries the heap is rebuilt from the entries.
 #[derive(Debug)]
 pub struct EvictionQueue {
-    order: BTreeSet<(u64, u64)>,
+    heap: BinaryHeap<Item>,
     entries: HashMap<u64, Entry, IdBuildHasher>,
     kind: Eviction,
     /// GDSF clock L.
@@ -48,7 +59,7 @@ pub struct EvictionQueue {
 impl EvictionQueue {
     pub fn new(kind: Eviction) -> EvictionQueue {
         EvictionQueue {
-            order: BTreeSet::new(),
+            heap: BinaryHeap::new(),
             entries: HashMap::default(),
             kind,
             clock: 0.0,
@@ -74,32 +85,57 @@ impl EvictionQueue {
         }
     }
 
+    fn push(&mut self, id: u64, e: Entry) {
+        self.heap.push(Reverse((e.key, id, e.version)));
+        if self.heap.len() > 2 * self.entries.len() + 64 {
+            self.compact();
+        }
+    }
+
+    /// Rebuilds the heap from the live entries, dropping stale items.
+    fn compact(&mut self) {
+        let items: Vec<Item> = self
+            .entries
+            .iter()
+            .map(|(&id, e)| Reverse((e.key, id, e.version)))
+            .collect();
+        self.heap = BinaryHeap::from(items);
+    }
+
+    fn is_live(&self, &Reverse((key, id, version)): &Item) -> bool {
+        self.entries
+            .get(&id)
+            .is_some_and(|e| e.version == version && e.key == key)
+    }
+
     /// Adds `id` (not present) with `freq` accesses so far; `value` is cost / size.
     pub fn insert(&mut self, id: u64, freq: u32, value: f64, tick: u64) {
         debug_assert!(value >= 0.0 && value.is_finite());
-        let key = self.key(freq, value, tick);
-        let old = self.entries.insert(id, Entry { key, freq, value });
+        let e = Entry {
+            key: self.key(freq, value, tick),
+            version: 0,
+            freq,
+            value,
+        };
+        let old = self.entries.insert(id, e);
         debug_assert!(old.is_none(), "entry inserted twice");
-        self.order.insert((key, id));
+        self.push(id, e);
     }
 
     /// Records an access to `id` (if present).
     pub fn touch(&mut self, id: u64, tick: u64) {
-        let Some(e) = self.entries.get(&id).copied() else {
+        let Some(&old) = self.entries.get(&id) else {
             return;
         };
-        self.order.remove(&(e.key, id));
-        let freq = e.freq.saturating_add(1);
-        let key = self.key(freq, e.value, tick);
-        self.entries.insert(
-            id,
-            Entry {
-                key,
-                freq,
-                value: e.value,
-            },
-        );
-        self.order.insert((key, id));
+        let freq = old.freq.saturating_add(1);
+        let e = Entry {
+            key: self.key(freq, old.value, tick),
+            version: old.version.wrapping_add(1),
+            freq,
+            value: old.value,
+        };
+        self.entries.insert(id, e);
+        self.push(id, e);
     }
 
     /// Access count of `id` (0 if absent).
@@ -108,13 +144,7 @@ impl EvictionQueue {
     }
 
     pub fn remove(&mut self, id: u64) -> bool {
-        match self.entries.remove(&id) {
-            Some(e) => {
-                self.order.remove(&(e.key, id));
-                true
-            }
-            None => false,
-        }
+        self.entries.remove(&id).is_some()
     }
 
     /// Removes and returns the entry to evict first, advancing the GDSF clock.
@@ -125,13 +155,26 @@ impl EvictionQueue {
     /// Removes and returns the first entry in eviction order for which `eligible` holds
     /// (scanning at most the whole queue), advancing the GDSF clock.
     pub fn pop_first_where(&mut self, mut eligible: impl FnMut(u64) -> bool) -> Option<u64> {
-        let &(key, id) = self.order.iter().find(|&&(_, id)| eligible(id))?;
-        self.order.remove(&(key, id));
-        self.entries.remove(&id);
-        if self.kind == Eviction::Gdsf {
-            self.clock = f64::from_bits(key);
+        let mut passed = Vec::new();
+        let mut found = None;
+        // Bounded by the heap's length: every round removes one item.
+        while let Some(item) = self.heap.pop() {
+            if !self.is_live(&item) {
+                continue;
+            }
+            let Reverse((key, id, _)) = item;
+            if eligible(id) {
+                self.entries.remove(&id);
+                if self.kind == Eviction::Gdsf {
+                    self.clock = f64::from_bits(key);
+                }
+                found = Some(id);
+                break;
+            }
+            passed.push(item);
         }
-        Some(id)
+        self.heap.extend(passed);
+        found
     }
 }
 
