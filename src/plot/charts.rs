@@ -124,6 +124,36 @@ fn log_tick(v: f64) -> String {
     }
 }
 
+/// A log axis range around positive `values`, with some room on both sides.
+fn log_range(values: impl Iterator<Item = f64>) -> (f64, f64) {
+    let (lo, hi) = values.fold((f64::INFINITY, 0.0f64), |(lo, hi), v| {
+        (lo.min(v), hi.max(v))
+    });
+    if hi <= 0.0 {
+        (1.0, 10.0)
+    } else {
+        (lo * 0.8, (hi * 1.25).max(lo * 2.0))
+    }
+}
+
+/// The series legend, in the charts' common style.
+fn legend<'a, DB: DrawingBackend + 'a, X: Ranged, Y: Ranged>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<X, Y>>,
+    pos: SeriesLabelPosition,
+) -> DrawResult
+where
+    DB::ErrorType: 'static,
+{
+    chart
+        .configure_series_labels()
+        .position(pos)
+        .label_font(text(LABEL_SIZE))
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK.mix(0.4))
+        .draw()?;
+    Ok(())
+}
+
 /// Splits `root` under a figure title into `n` side-by-side panels.
 fn panels<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
@@ -179,14 +209,7 @@ where
             .filter(|v| *v > 0.0)
             .collect::<Vec<_>>()
     };
-    let all: Vec<f64> = r.latencies.iter().flat_map(positive).collect();
-    let lo = all.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = all.iter().copied().fold(0.0, f64::max);
-    let (lo, hi) = if all.is_empty() {
-        (1.0, 10.0)
-    } else {
-        (lo * 0.8, (hi * 1.25).max(lo * 2.0))
-    };
+    let (lo, hi) = log_range(r.latencies.iter().flat_map(positive));
     let mut chart = ChartBuilder::on(&area)
         .margin(20)
         .x_label_area_size(55)
@@ -225,13 +248,7 @@ where
             text(LABEL_SIZE).pos(Pos::new(HPos::Left, VPos::Bottom)),
         )))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .label_font(text(LABEL_SIZE))
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK.mix(0.4))
-        .draw()?;
+    legend(&mut chart, SeriesLabelPosition::LowerRight)?;
     root.present()?;
     Ok(())
 }
@@ -437,14 +454,7 @@ where
             s.ttft_p99_ms
         }),
     ] {
-        let values: Vec<f64> = r.summary.iter().map(pick).filter(|v| *v > 0.0).collect();
-        let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = values.iter().copied().fold(0.0, f64::max);
-        let (lo, hi) = if values.is_empty() {
-            (1.0, 10.0)
-        } else {
-            (lo * 0.8, (hi * 1.25).max(lo * 2.0))
-        };
+        let (lo, hi) = log_range(r.summary.iter().map(pick).filter(|v| *v > 0.0));
         let mut chart = ChartBuilder::on(area)
             .caption(title, text(PANEL_TITLE_SIZE))
             .margin(20)
@@ -492,13 +502,7 @@ where
                     .map(|xy| Circle::new(xy, 5, color.filled())),
             )?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .label_font(text(LABEL_SIZE))
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK.mix(0.4))
-            .draw()?;
+        legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     }
     root.present()?;
     Ok(())
