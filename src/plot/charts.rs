@@ -543,7 +543,7 @@ pub(crate) fn prefix_hits<DB: DrawingBackend>(
 where
     DB::ErrorType: 'static,
 {
-    let p = panels(root, "Prefix reuse per policy", 2)?;
+    let p = panels(root, "Prefix reuse per policy", 3)?;
     let pct = |_: usize, v: f64| format!("{v:.1} %");
     bars(
         &p[0],
@@ -603,6 +603,33 @@ where
             rows: &r.summary,
             stacks,
             value_label: &total,
+        },
+    )?;
+    let gb = |row: &SummaryRow| row.loaded_bytes.iter().sum::<u64>() as f64 / 1e9;
+    let top_gb = r.summary.iter().map(gb).fold(0.0, f64::max);
+    let stacks = Tier::ALL[1..]
+        .iter()
+        .zip(&TIER_COLORS[1..])
+        .enumerate()
+        .map(|(k, (tier, &color))| {
+            let values = r
+                .summary
+                .iter()
+                .map(|s| s.loaded_bytes[k] as f64 / 1e9)
+                .collect();
+            (tier.name().to_string(), color, values)
+        })
+        .collect();
+    let total_gb = |_: usize, v: f64| tick(v, top_gb);
+    bars(
+        &p[2],
+        r,
+        Bars {
+            title: "KV bytes moved by tier",
+            y_desc: "KV loaded from the store (GB)",
+            rows: &r.summary,
+            stacks,
+            value_label: &total_gb,
         },
     )?;
     root.present()?;

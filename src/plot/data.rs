@@ -29,6 +29,9 @@ pub struct SummaryRow {
     pub prefix_hit_ratio: f64,
     /// Reused prompt tokens per tier, in [`Tier::ALL`] order.
     pub reused_tokens: [u64; Tier::ALL.len()],
+    /// KV bytes loaded from each store tier (`loaded_<tier>_bytes`, zero when absent), in
+    /// [`Tier::ALL`] order without the GPU.
+    pub loaded_bytes: [u64; Tier::ALL.len() - 1],
 }
 
 impl SummaryRow {
@@ -178,6 +181,10 @@ fn read_summary(path: &Path) -> Result<Vec<SummaryRow>, PlotError> {
         .iter()
         .map(|tier| c(&format!("reused_{}_tokens", tier.name())))
         .collect::<Result<Vec<usize>, PlotError>>()?;
+    let loaded: Vec<Option<usize>> = Tier::ALL[1..]
+        .iter()
+        .map(|tier| t.optional_column(&format!("loaded_{}_bytes", tier.name())))
+        .collect();
     let mut rows = Vec::new();
     let mut rec = csv::StringRecord::new();
     while reader
@@ -187,6 +194,12 @@ fn read_summary(path: &Path) -> Result<Vec<SummaryRow>, PlotError> {
         let mut reused_tokens = [0u64; Tier::ALL.len()];
         for (slot, &col) in reused_tokens.iter_mut().zip(&tiers) {
             *slot = t.parse(&rec, col, "a token count")?;
+        }
+        let mut loaded_bytes = [0u64; Tier::ALL.len() - 1];
+        for (slot, col) in loaded_bytes.iter_mut().zip(&loaded) {
+            if let Some(col) = *col {
+                *slot = t.parse(&rec, col, "a byte count")?;
+            }
         }
         let ms = |col| t.parse::<f64>(&rec, col, "milliseconds");
         rows.push(SummaryRow {
@@ -202,6 +215,7 @@ fn read_summary(path: &Path) -> Result<Vec<SummaryRow>, PlotError> {
             e2e_p50_ms: ms(e2e_p50)?,
             prefix_hit_ratio: t.parse(&rec, hit, "a ratio")?,
             reused_tokens,
+            loaded_bytes,
         });
         if rows.last().is_some_and(|r| r.policy.is_empty()) {
             return Err(t.bad(rec.position().map(|p| p.line()), "empty policy name".into()));

@@ -106,14 +106,17 @@ impl Figure {
             Figure::TpotCdf => "TPOT distribution per policy",
             Figure::TtftPercentiles => "TTFT p50 and p99 per policy",
             Figure::Throughput => "Output tokens per second per policy",
-            Figure::PrefixHits => "Prefix-hit ratio and reused tokens by tier per policy",
+            Figure::PrefixHits => {
+                "Prefix-hit ratio, reused tokens by tier and KV bytes moved by tier per policy"
+            }
         }
     }
 
     /// Width and height in pixels (SVG user units).
     pub fn size(self) -> (u32, u32) {
         match self {
-            Figure::TtftPercentiles | Figure::PrefixHits => (1200, 600),
+            Figure::TtftPercentiles => (1200, 600),
+            Figure::PrefixHits => (1500, 600),
             _ => (1000, 600),
         }
     }
