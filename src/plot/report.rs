@@ -236,6 +236,7 @@ mod tests {
             e2e_p50_ms: 2.0,
             prefix_hit_ratio: 0.0,
             reused_tokens: [0; 5],
+            loaded_bytes: [0; 4],
         }
     }
 
