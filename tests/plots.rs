@@ -273,6 +273,7 @@ fn figures_draw_when_no_request_completed() {
         e2e_p50_ms: 0.0,
         prefix_hit_ratio: 0.0,
         reused_tokens: [0; 5],
+        loaded_bytes: [0; 4],
     };
     let r = Results {
         summary: vec![row],
