@@ -146,12 +146,7 @@ impl CacheState {
 
 impl fmt::Debug for CacheState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "CacheState({:?}, {} B)",
-            self.positions(),
-            self.bytes()
-        )
+        write!(f, "CacheState({:?}, {} B)", self.positions(), self.bytes())
     }
 }
 
@@ -346,7 +341,9 @@ impl ModelBackend for SimBackend {
             return Err(BackendError::ForeignCache);
         };
         if positions.start < held.start || positions.end > held.end {
-            return Err(ExecError::Cache(format!("cannot export {positions:?} of {held:?}")).into());
+            return Err(
+                ExecError::Cache(format!("cannot export {positions:?} of {held:?}")).into(),
+            );
         }
         Ok(CacheState(CacheInner::Sim {
             positions,

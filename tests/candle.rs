@@ -45,7 +45,9 @@ fn route(cfg: &TransformerConfig, cuts: &[usize], limits: CacheLimits) -> Route 
 }
 
 fn prompt(n: usize, salt: u32) -> Vec<u32> {
-    (0..n as u32).map(|i| (i * 37 + salt * 11 + 5) % 1024).collect()
+    (0..n as u32)
+        .map(|i| (i * 37 + salt * 11 + 5) % 1024)
+        .collect()
 }
 
 /// Logits of the newest position after running `tokens` through an unsplit model at once.
@@ -81,11 +83,15 @@ fn split_into_one_two_and_three_shards_gives_the_unsplit_logits_and_tokens() {
         }
         assert_eq!(tokens[0], tokens[1], "{}", cfg.name);
         assert_eq!(tokens[0], tokens[2], "{}", cfg.name);
-        // The generation is not degenerate (random weights could repeat one token forever).
-        let mut distinct = tokens[0].clone();
-        distinct.sort();
-        distinct.dedup();
-        assert!(distinct.len() > 1, "{}: {:?}", cfg.name, tokens[0]);
+        // The untied generation is not degenerate, so comparing tokens means something. (With
+        // random weights a tied LM head mostly repeats the input token: the embedding of the
+        // newest token is the largest single part of its hidden state.)
+        if !cfg.tied_embeddings {
+            let mut distinct = tokens[0].clone();
+            distinct.sort();
+            distinct.dedup();
+            assert!(distinct.len() > 4, "{}: {:?}", cfg.name, tokens[0]);
+        }
     }
 }
 
@@ -158,10 +164,20 @@ fn evicting_a_shards_cache_mid_generation_re_prefills_with_identical_output() {
     disturbed_run_matches_undisturbed(|r| {
         // Two other sessions pass through the middle shard, whose cache holds two.
         for other in [2, 3] {
-            r.generate(Nanos::ZERO, SessionId(other), prompt(5, other as u32), 1, DecodeMode::Cached)
-                .unwrap();
+            r.generate(
+                Nanos::ZERO,
+                SessionId(other),
+                prompt(5, other as u32),
+                1,
+                DecodeMode::Cached,
+            )
+            .unwrap();
         }
-        assert!(!r.shards()[1].cache().contains(Nanos::ZERO, &r.shards()[1].key(SessionId(1))));
+        assert!(
+            !r.shards()[1]
+                .cache()
+                .contains(Nanos::ZERO, &r.shards()[1].key(SessionId(1)))
+        );
         Nanos::ZERO
     });
 }
@@ -191,7 +207,10 @@ fn kv_exported_for_a_prefix_serves_a_new_prompt_that_shares_it() {
     // A store keeps the K/V of the first 12 tokens.
     let prefix = b.export(&step.cache, 0..12).unwrap();
     assert_eq!(prefix.tokens(), 12);
-    assert_eq!(prefix.bytes(), (12 * cfg.layers * 2 * cfg.kv_heads * cfg.head_dim * 4) as u64);
+    assert_eq!(
+        prefix.bytes(),
+        (12 * cfg.layers * 2 * cfg.kv_heads * cfg.head_dim * 4) as u64
+    );
 
     // A new prompt shares those 12 tokens, then differs.
     let mut second = first[..12].to_vec();
@@ -199,7 +218,12 @@ fn kv_exported_for_a_prefix_serves_a_new_prompt_that_shares_it() {
     let reference = unsplit_logits(&cfg, &second);
     let cache = b.import(None, &prefix).unwrap();
     let step = b
-        .run(layers, Activation::tokens(second[12..].to_vec()), 12, Some(cache))
+        .run(
+            layers,
+            Activation::tokens(second[12..].to_vec()),
+            12,
+            Some(cache),
+        )
         .unwrap();
     let StepOutput::Token { logits, .. } = step.output else {
         panic!("the unsplit model returns a token");
@@ -245,7 +269,10 @@ fn weights_saved_to_safetensors_load_to_identical_logits() {
     let source = WeightSource::Safetensors(path);
     let mut head = CandleBackend::load(&cfg, 0..2, &source, DType::F32, &Device::Cpu).unwrap();
     let mut tail = CandleBackend::load(&cfg, 2..4, &source, DType::F32, &Device::Cpu).unwrap();
-    let StepOutput::Activation(x) = head.run(0..2, Activation::tokens(p), 0, None).unwrap().output
+    let StepOutput::Activation(x) = head
+        .run(0..2, Activation::tokens(p), 0, None)
+        .unwrap()
+        .output
     else {
         panic!("the head returns an activation");
     };

@@ -124,13 +124,14 @@ impl TransformerConfig {
         if self.layers == 0 || self.hidden == 0 || self.heads == 0 || self.vocab == 0 {
             return bad("layers, hidden, heads and vocab must be non-zero");
         }
-        if self.kv_heads == 0 || self.heads % self.kv_heads != 0 {
+        if self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
             return bad("heads must be a multiple of kv_heads");
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             return bad("head_dim must be even and non-zero (rotary pairs)");
         }
-        if !(self.rope_theta > 0.0) || !(self.rms_eps > 0.0) {
+        let positive = |x: f64| x.is_finite() && x > 0.0;
+        if !positive(self.rope_theta) || !positive(self.rms_eps) {
             return bad("rope_theta and rms_eps must be positive");
         }
         Ok(())
@@ -294,15 +295,18 @@ fn rotary(
 
 /// The causal mask of `n` new tokens after `offset` cached ones: `[n, offset + n]`, 0 where a
 /// query may attend and -inf where it may not.
-fn causal_mask(
-    offset: usize,
-    n: usize,
-    dtype: DType,
-    dev: &Device,
-) -> candle_core::Result<Tensor> {
+fn causal_mask(offset: usize, n: usize, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
     let total = offset + n;
     let mask: Vec<f32> = (0..n)
-        .flat_map(|i| (0..total).map(move |j| if j > offset + i { f32::NEG_INFINITY } else { 0.0 }))
+        .flat_map(|i| {
+            (0..total).map(move |j| {
+                if j > offset + i {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            })
+        })
         .collect();
     Tensor::from_vec(mask, (n, total), dev)?.to_dtype(dtype)
 }
@@ -461,7 +465,11 @@ impl ShardModel {
         let is_tail = layers.end == cfg.layers;
         let embed_vb = vb.pp("model.embed_tokens");
         let embed = if is_head {
-            Some(candle_nn::embedding(cfg.vocab, cfg.hidden, embed_vb.clone())?)
+            Some(candle_nn::embedding(
+                cfg.vocab,
+                cfg.hidden,
+                embed_vb.clone(),
+            )?)
         } else {
             None
         };
@@ -541,10 +549,14 @@ impl ShardModel {
             }
             (ShardInput::Hidden(h), None) => h.to_dtype(self.dtype)?,
             (ShardInput::Tokens(_), None) => {
-                return Err(ExecError::Input("token ids given to a non-head shard".into()));
+                return Err(ExecError::Input(
+                    "token ids given to a non-head shard".into(),
+                ));
             }
             (ShardInput::Hidden(_), Some(_)) => {
-                return Err(ExecError::Input("an activation given to the head shard".into()));
+                return Err(ExecError::Input(
+                    "an activation given to the head shard".into(),
+                ));
             }
         };
         let (b, n, hidden) = x.dims3()?;

@@ -300,10 +300,7 @@ mod tests {
     fn keys_differ_by_layer_range() {
         let mut c = SessionCache::new(CacheLimits::default());
         c.insert(Nanos::ZERO, key(1), ());
-        let other = CacheKey {
-            start: 1,
-            ..key(1)
-        };
+        let other = CacheKey { start: 1, ..key(1) };
         assert!(c.get(Nanos::ZERO, &other).is_none());
         c.remove_session(SessionId(1));
         assert!(c.is_empty());
