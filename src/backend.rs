@@ -478,3 +478,73 @@ impl ModelBackend for CandleBackend {
         Ok(CacheState(CacheInner::Candle(kv)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn a100() -> GpuSpec {
+        GpuSpec {
+            name: "A100-SXM4-40GB".into(),
+            memory_bytes: 40 << 30,
+            memory_bandwidth: 1.555e12,
+            peak_flops: 312e12,
+            compute_efficiency: 1.0,
+            memory_efficiency: 1.0,
+        }
+    }
+
+    #[test]
+    fn sim_shards_split_the_cost_and_the_kv_of_the_whole_model() {
+        let m = ModelConfig::mistral_7b_instruct_v0_2();
+        let mut whole = SimBackend::new(m.clone(), 0..32, a100(), Nanos::ZERO);
+        let mut head = SimBackend::new(m.clone(), 0..16, a100(), Nanos::ZERO);
+        let mut tail = SimBackend::new(m.clone(), 16..32, a100(), Nanos::ZERO);
+        let w = whole
+            .run(0..32, Activation::tokens(vec![7]), 0, None)
+            .unwrap();
+        let h = head
+            .run(0..16, Activation::tokens(vec![7]), 0, None)
+            .unwrap();
+        let StepOutput::Activation(x) = h.output else {
+            panic!("the head returns an activation");
+        };
+        // One token's hidden state in bf16.
+        assert_eq!(x.bytes(), 4096 * 2);
+        let t = tail.run(16..32, x, 0, None).unwrap();
+        assert!(matches!(t.output, StepOutput::Token { token: 0, .. }));
+        // Memory-bound decode: the halves read the same bytes as the whole (to rounding).
+        let sum = h.duration.unwrap() + t.duration.unwrap();
+        assert!(
+            sum.0.abs_diff(w.duration.unwrap().0) <= 2,
+            "{sum:?} vs {w:?}"
+        );
+        // Each half holds half of the 128 KiB of KV per token.
+        assert_eq!(h.cache.bytes(), 64 * 1024);
+        assert_eq!(w.cache.bytes(), m.kv_bytes_per_token());
+    }
+
+    #[test]
+    fn sim_caches_must_match_the_offset_and_export_import_by_count() {
+        let m = ModelConfig::tiny();
+        let mut b = SimBackend::new(m, 0..4, a100(), Nanos::ZERO);
+        let s = b
+            .run(0..4, Activation::tokens(vec![1; 10]), 0, None)
+            .unwrap();
+        assert!(matches!(
+            b.run(0..4, Activation::tokens(vec![1]), 9, Some(s.cache.clone())),
+            Err(BackendError::CacheMismatch {
+                cached: 10,
+                offset: 9
+            })
+        ));
+        let part = b.export(&s.cache, 0..6).unwrap();
+        let rest = b.export(&s.cache, 6..10).unwrap();
+        let joined = b
+            .import(Some(b.import(None, &part).unwrap()), &rest)
+            .unwrap();
+        assert_eq!(joined.tokens(), 10);
+        assert_eq!(joined.bytes(), s.cache.bytes());
+        assert!(b.import(None, &rest).is_err());
+    }
+}

@@ -613,3 +613,76 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_carry_the_analytic_architecture_and_pass_validation() {
+        let m = TransformerConfig::mistral_7b_instruct_v0_2();
+        assert_eq!(
+            (m.layers, m.hidden, m.kv_heads, m.vocab),
+            (32, 4096, 8, 32000)
+        );
+        assert_eq!(m.rope_theta, 1e6);
+        let q = TransformerConfig::qwen2_5_0_5b();
+        assert!(q.qkv_bias && q.tied_embeddings);
+        for c in [
+            m,
+            q,
+            TransformerConfig::tiny(),
+            TransformerConfig::tiny_qwen(),
+        ] {
+            c.validate().unwrap();
+        }
+        let bad = TransformerConfig {
+            kv_heads: 3,
+            ..TransformerConfig::tiny()
+        };
+        assert!(matches!(bad.validate(), Err(ExecError::Config(_))));
+    }
+
+    #[test]
+    fn configs_round_trip_through_toml_and_reject_unknown_keys() {
+        let c = TransformerConfig::tiny_qwen();
+        let text = toml::to_string(&c).unwrap();
+        assert_eq!(toml::from_str::<TransformerConfig>(&text).unwrap(), c);
+        let extra = format!("{text}\nsliding_window = 4096\n");
+        assert!(toml::from_str::<TransformerConfig>(&extra).is_err());
+    }
+
+    #[test]
+    fn rotary_tables_at_an_offset_are_rows_of_the_tables_from_zero() {
+        let c = TransformerConfig::tiny();
+        let dev = Device::Cpu;
+        let (cos, sin) = rotary(&c, 0, 10, DType::F32, &dev).unwrap();
+        let (cos7, sin7) = rotary(&c, 7, 3, DType::F32, &dev).unwrap();
+        let rows = |t: &Tensor| t.narrow(0, 7, 3).unwrap().to_vec2::<f32>().unwrap();
+        assert_eq!(rows(&cos), cos7.to_vec2::<f32>().unwrap());
+        assert_eq!(rows(&sin), sin7.to_vec2::<f32>().unwrap());
+    }
+
+    #[test]
+    fn the_causal_mask_lets_new_tokens_see_the_cache_and_earlier_new_tokens() {
+        let m = causal_mask(2, 2, DType::F32, &Device::Cpu)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        let inf = f32::NEG_INFINITY;
+        assert_eq!(m, vec![vec![0.0, 0.0, 0.0, inf], vec![0.0, 0.0, 0.0, 0.0]]);
+    }
+
+    #[test]
+    fn argmax_takes_the_lowest_index_among_equals() {
+        assert_eq!(argmax(&[0.5, 2.0, 2.0, -1.0]), 1);
+        assert_eq!(max_abs_diff(&[1.0, 2.0], &[1.5, 1.0]), 1.0);
+    }
+
+    #[test]
+    fn an_empty_cache_refuses_exports_past_its_end() {
+        let kv = KvCache::new(0..2);
+        assert_eq!((kv.tokens(), kv.bytes()), (0, 0));
+        assert!(kv.export(0..1).is_err());
+    }
+}
