@@ -314,6 +314,7 @@ impl Route {
                 }
             }
         }
+        // Route::new refuses an empty route, and the last shard's answer always returns above.
         unreachable!("the tail answers a token or a miss")
     }
 
@@ -333,7 +334,11 @@ impl Route {
                 g.bytes_between_shards.push(bytes);
                 Ok(())
             }
-            Pass::Miss => unreachable!("prefill and stateless steps never miss"),
+            // Prefill and stateless steps never consult a shard's cache.
+            Pass::Miss => Err(ShardError::BadRoute(format!(
+                "a {mode:?} step of session {:?} answered a cache miss",
+                g.session
+            ))),
         }
     }
 
@@ -372,7 +377,9 @@ impl Route {
             DecodeMode::Stateless => self.full(now, g, Mode::Stateless)?,
             DecodeMode::Cached => {
                 // The newest token was sampled but not yet run through the model.
-                let newest = *g.tokens.last().expect("a started generation has tokens");
+                let Some(&newest) = g.tokens.last() else {
+                    return Err(ShardError::BadRequest("a generation without tokens".into()));
+                };
                 let req = ShardRequest {
                     session: g.session,
                     mode: Mode::Decode,
@@ -399,7 +406,8 @@ impl Route {
                 }
             }
         }
-        Ok(*g.tokens.last().expect("a token was just pushed"))
+        // Every branch above pushed a token or returned an error.
+        Ok(g.tokens[g.tokens.len() - 1])
     }
 
     /// Greedy generation of `max_new` tokens (at least one), all at time `now`.
