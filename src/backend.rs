@@ -474,7 +474,7 @@ impl ModelBackend for CandleBackend {
             Some(CacheState(CacheInner::Candle(kv))) => kv,
             Some(_) => return Err(BackendError::ForeignCache),
         };
-        kv.import(slice)?;
+        kv.import(&slice.to(self.model.device(), self.model.dtype())?)?;
         Ok(CacheState(CacheInner::Candle(kv)))
     }
 }

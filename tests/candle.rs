@@ -318,3 +318,35 @@ fn shard_models_reject_wrong_inputs_and_caches() {
     assert!(b.run(0..2, Activation::tokens(vec![1]), 0, None).is_err());
     assert!(b.run(0..1, Activation::tokens(vec![1]), 3, None).is_err());
 }
+
+#[test]
+fn a_bf16_route_runs_and_holds_half_the_cache_bytes_of_f32() {
+    let cfg = TransformerConfig::tiny();
+    let shard = |layers: Range<usize>, dtype| {
+        let b = CandleBackend::load(
+            &cfg,
+            layers,
+            &WeightSource::Seeded(SEED),
+            dtype,
+            &Device::Cpu,
+        )
+        .unwrap();
+        Shard::new(Box::new(b), CacheLimits::default())
+    };
+    let mut bytes = Vec::new();
+    for dtype in [DType::F32, DType::BF16] {
+        let mut r = Route::new(vec![shard(0..2, dtype), shard(2..4, dtype)]).unwrap();
+        let g = generate(&mut r, prompt(8, 9), 3, DecodeMode::Cached);
+        assert_eq!(g.tokens.len(), 11);
+        // Decode steps send one [1, 1, hidden] activation in the route's dtype.
+        assert_eq!(
+            g.bytes_between_shards[2],
+            (cfg.hidden * dtype.size_in_bytes()) as u64
+        );
+        let key = r.shards()[1].key(SessionId(1));
+        let state = r.shard_mut(1).cache_mut().get(Nanos::ZERO, &key).unwrap();
+        assert_eq!(state.tokens(), 10);
+        bytes.push(state.bytes());
+    }
+    assert_eq!(bytes[0], 2 * bytes[1]);
+}

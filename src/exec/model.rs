@@ -252,6 +252,26 @@ impl KvSlice {
             .map(|(k, v)| ((k.elem_count() + v.elem_count()) * k.dtype().size_in_bytes()) as u64)
             .sum()
     }
+
+    /// The same K/V on `device` in `dtype` (a prefix fetched from host memory into a GPU).
+    pub fn to(&self, device: &Device, dtype: DType) -> Result<KvSlice, ExecError> {
+        let kv = self
+            .kv
+            .iter()
+            .map(|layer| match layer {
+                Some((k, v)) => Ok(Some((
+                    k.to_device(device)?.to_dtype(dtype)?,
+                    v.to_device(device)?.to_dtype(dtype)?,
+                ))),
+                None => Ok(None),
+            })
+            .collect::<Result<Vec<_>, candle_core::Error>>()?;
+        Ok(KvSlice {
+            layers: self.layers.clone(),
+            positions: self.positions.clone(),
+            kv,
+        })
+    }
 }
 
 /// What a shard's forward pass takes: token ids (the head) or a hidden activation.
@@ -547,7 +567,8 @@ impl ShardModel {
                 let ids = Tensor::new(ids, &self.device)?.unsqueeze(0)?;
                 embed.forward(&ids)?
             }
-            (ShardInput::Hidden(h), None) => h.to_dtype(self.dtype)?,
+            // From another device (the previous shard's GPU) if need be; free on the same one.
+            (ShardInput::Hidden(h), None) => h.to_device(&self.device)?.to_dtype(self.dtype)?,
             (ShardInput::Tokens(_), None) => {
                 return Err(ExecError::Input(
                     "token ids given to a non-head shard".into(),
