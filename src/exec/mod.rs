@@ -1,13 +1,16 @@
 //! Real execution of a transformer with candle (CPU, or CUDA with the `cuda` feature).
 //!
-//! [`model`] is the transformer (one architecture, any layer range, an exportable K/V cache);
+//! [`model`] is the transformer (one architecture, any layer range); [`kv`] its K/V cache,
+//! whose token ranges can be exported and imported;
 //! [`weights`] loads it from safetensors or generates it from a seed. Nothing outside this
 //! module and [`crate::backend`] sees a tensor (DESIGN contract 3).
 
+pub mod kv;
 pub mod model;
 pub mod weights;
 
-pub use model::{KvCache, KvSlice, ShardInput, ShardModel, ShardOutput, TransformerConfig};
+pub use kv::{KvCache, KvSlice};
+pub use model::{ShardInput, ShardModel, ShardOutput, TransformerConfig};
 pub use weights::WeightSource;
 
 /// What can go wrong while executing a model.

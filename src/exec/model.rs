@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use std::ops::Range;
 
 use super::ExecError;
+use super::kv::KvCache;
 use crate::model::ModelConfig;
 
 /// What the candle transformer needs: the architecture numbers of [`ModelConfig`] plus the
@@ -140,137 +141,6 @@ impl TransformerConfig {
     /// K/V values (elements) of one token in one layer.
     pub fn kv_elements_per_token_layer(&self) -> usize {
         2 * self.kv_heads * self.head_dim
-    }
-}
-
-/// The K/V cache of one shard's layers for one sequence: per layer, K and V of shape
-/// `[1, kv_heads, tokens, head_dim]`. Opaque to everything but the model.
-#[derive(Clone, Debug)]
-pub struct KvCache {
-    layers: Range<usize>,
-    kv: Vec<Option<(Tensor, Tensor)>>,
-    tokens: usize,
-}
-
-impl KvCache {
-    /// An empty cache for layers `layers`.
-    pub fn new(layers: Range<usize>) -> KvCache {
-        KvCache {
-            kv: vec![None; layers.len()],
-            layers,
-            tokens: 0,
-        }
-    }
-
-    /// The layer range whose K/V this cache holds.
-    pub fn layers(&self) -> Range<usize> {
-        self.layers.clone()
-    }
-
-    /// Tokens held (the position the next token will take).
-    pub fn tokens(&self) -> usize {
-        self.tokens
-    }
-
-    /// Bytes of all K and V tensors.
-    pub fn bytes(&self) -> u64 {
-        self.kv
-            .iter()
-            .flatten()
-            .map(|(k, v)| ((k.elem_count() + v.elem_count()) * k.dtype().size_in_bytes()) as u64)
-            .sum()
-    }
-
-    /// The K/V of positions `range`, as a cache of its own (which knows that it starts at
-    /// `range.start`; see [`KvCache::import`]).
-    pub fn export(&self, range: Range<usize>) -> Result<KvSlice, ExecError> {
-        if range.start > range.end || range.end > self.tokens {
-            return Err(ExecError::Cache(format!(
-                "cannot export tokens {range:?} of a cache holding {}",
-                self.tokens
-            )));
-        }
-        let kv = self
-            .kv
-            .iter()
-            .map(|layer| match layer {
-                Some((k, v)) => Ok(Some((
-                    k.narrow(2, range.start, range.len())?.contiguous()?,
-                    v.narrow(2, range.start, range.len())?.contiguous()?,
-                ))),
-                None => Ok(None),
-            })
-            .collect::<Result<Vec<_>, candle_core::Error>>()?;
-        Ok(KvSlice {
-            layers: self.layers.clone(),
-            positions: range,
-            kv,
-        })
-    }
-
-    /// Appends `slice`, which must cover the same layers and start at this cache's length.
-    pub fn import(&mut self, slice: &KvSlice) -> Result<(), ExecError> {
-        if slice.layers != self.layers || slice.positions.start != self.tokens {
-            return Err(ExecError::Cache(format!(
-                "cannot import layers {:?} tokens {:?} into a cache of layers {:?} holding {}",
-                slice.layers, slice.positions, self.layers, self.tokens
-            )));
-        }
-        if slice.positions.is_empty() {
-            return Ok(());
-        }
-        for (mine, theirs) in self.kv.iter_mut().zip(&slice.kv) {
-            let Some((k, v)) = theirs else {
-                return Err(ExecError::Cache("imported slice has an empty layer".into()));
-            };
-            *mine = Some(match mine.take() {
-                None => (k.clone(), v.clone()),
-                Some((k0, v0)) => (Tensor::cat(&[&k0, k], 2)?, Tensor::cat(&[&v0, v], 2)?),
-            });
-        }
-        self.tokens = slice.positions.end;
-        Ok(())
-    }
-}
-
-/// The K/V of a token range of one shard's layers, exported from a [`KvCache`].
-#[derive(Clone, Debug)]
-pub struct KvSlice {
-    layers: Range<usize>,
-    positions: Range<usize>,
-    kv: Vec<Option<(Tensor, Tensor)>>,
-}
-
-impl KvSlice {
-    pub fn positions(&self) -> Range<usize> {
-        self.positions.clone()
-    }
-    pub fn bytes(&self) -> u64 {
-        self.kv
-            .iter()
-            .flatten()
-            .map(|(k, v)| ((k.elem_count() + v.elem_count()) * k.dtype().size_in_bytes()) as u64)
-            .sum()
-    }
-
-    /// The same K/V on `device` in `dtype` (a prefix fetched from host memory into a GPU).
-    pub fn to(&self, device: &Device, dtype: DType) -> Result<KvSlice, ExecError> {
-        let kv = self
-            .kv
-            .iter()
-            .map(|layer| match layer {
-                Some((k, v)) => Ok(Some((
-                    k.to_device(device)?.to_dtype(dtype)?,
-                    v.to_device(device)?.to_dtype(dtype)?,
-                ))),
-                None => Ok(None),
-            })
-            .collect::<Result<Vec<_>, candle_core::Error>>()?;
-        Ok(KvSlice {
-            layers: self.layers.clone(),
-            positions: self.positions.clone(),
-            kv,
-        })
     }
 }
 
@@ -556,10 +426,12 @@ impl ShardModel {
         offset: usize,
         cache: &mut KvCache,
     ) -> Result<ShardOutput, ExecError> {
-        if cache.layers != self.layers || cache.tokens != offset {
+        if cache.layers() != self.layers || cache.tokens != offset {
             return Err(ExecError::Cache(format!(
                 "shard {:?} at offset {offset} got a cache of layers {:?} holding {} tokens",
-                self.layers, cache.layers, cache.tokens
+                self.layers,
+                cache.layers(),
+                cache.tokens
             )));
         }
         let mut x = match (input, &self.embed) {
@@ -698,12 +570,5 @@ mod tests {
     fn argmax_takes_the_lowest_index_among_equals() {
         assert_eq!(argmax(&[0.5, 2.0, 2.0, -1.0]), 1);
         assert_eq!(max_abs_diff(&[1.0, 2.0], &[1.5, 1.0]), 1.0);
-    }
-
-    #[test]
-    fn an_empty_cache_refuses_exports_past_its_end() {
-        let kv = KvCache::new(0..2);
-        assert_eq!((kv.tokens(), kv.bytes()), (0, 0));
-        assert!(kv.export(0..1).is_err());
     }
 }
