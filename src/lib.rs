@@ -7,8 +7,14 @@
 //! model, serving, workload, policies and limits; [`run`] simulates each policy on the same
 //! generated trace and writes per-request and per-policy CSV ([`metrics`]), then plots and a
 //! report made from those files ([`plot`]).
+//!
+//! Real execution: [`exec`] is a transformer on candle tensors that runs any layer range;
+//! [`backend`] is the boundary that shards use (simulated or real); [`shard`] holds the
+//! pipeline shards with their session caches and the route that drives greedy generation.
 
 pub mod actor;
+pub mod backend;
+pub mod exec;
 pub mod hardware;
 pub mod hash;
 pub mod metrics;
@@ -19,6 +25,7 @@ pub mod rng;
 pub mod run;
 pub mod scenario;
 pub mod serving;
+pub mod shard;
 pub mod sim;
 pub mod store;
 pub mod units;
