@@ -17,6 +17,7 @@ pub mod backend;
 pub mod exec;
 pub mod hardware;
 pub mod hash;
+pub mod live;
 pub mod metrics;
 pub mod model;
 pub mod plot;
