@@ -31,13 +31,13 @@ use std::time::Instant;
 use candle_core::{DType, Device};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, rpc::CallResult};
 
-use crate::backend::{Activation, CandleBackend, TOKEN_ID_BYTES};
+use crate::backend::{CandleBackend, TOKEN_ID_BYTES};
 use crate::exec::{TransformerConfig, WeightSource};
 use crate::metrics::write::{write_requests, write_summary};
 use crate::metrics::{Report, RequestRecord, Summary};
 use crate::policy::Tier;
 use crate::shard::{
-    CacheLimits, DecodeMode, Generation, Mode, SessionId, Shard, ShardError, ShardReply,
+    CacheLimits, DecodeMode, Generation, Mode, Pass, SessionId, Shard, ShardError, ShardReply,
     ShardRequest, ShardStats,
 };
 use crate::units::Nanos;
@@ -216,11 +216,6 @@ pub struct LiveHost {
     shards: Vec<ShardAddr>,
 }
 
-enum Pass {
-    Token(u32, Option<Vec<f32>>),
-    Miss,
-}
-
 impl LiveHost {
     /// Spawns one shard actor per layer range of `layers` (contiguous, covering the model).
     pub async fn spawn(
@@ -316,26 +311,9 @@ impl LiveHost {
 
     /// Runs the whole sequence of `g` in `mode` (prefill or stateless) and appends the token.
     async fn full(&self, g: &mut Generation, mode: Mode) -> Result<(), LiveError> {
-        let req = ShardRequest {
-            session: g.session,
-            mode,
-            input: Activation::tokens(g.tokens.clone()),
-            seq_len: g.tokens.len(),
-        };
         let mut bytes = 0;
-        match self.pass(req, &mut bytes).await? {
-            Pass::Token(t, logits) => {
-                g.tokens.push(t);
-                g.last_logits = logits;
-                g.bytes_between_shards.push(bytes);
-                Ok(())
-            }
-            Pass::Miss => Err(ShardError::BadRoute(format!(
-                "a {mode:?} step of session {:?} answered a cache miss",
-                g.session
-            ))
-            .into()),
-        }
+        let pass = self.pass(g.full_request(mode), &mut bytes).await?;
+        Ok(g.finish_full(mode, pass, bytes)?)
     }
 
     /// Starts a session: prefills `prompt` and samples the first token.
@@ -345,23 +323,8 @@ impl LiveHost {
         prompt: Vec<u32>,
         mode: DecodeMode,
     ) -> Result<Generation, LiveError> {
-        if prompt.is_empty() {
-            return Err(ShardError::BadRequest("empty prompt".into()).into());
-        }
-        let mut g = Generation {
-            session,
-            mode,
-            prompt_len: prompt.len(),
-            tokens: prompt,
-            last_logits: None,
-            bytes_between_shards: Vec::new(),
-            cache_misses: 0,
-            model_time: Nanos::ZERO,
-        };
-        let first = match mode {
-            DecodeMode::Cached => Mode::Prefill,
-            DecodeMode::Stateless => Mode::Stateless,
-        };
+        let mut g = Generation::new(session, prompt, mode)?;
+        let first = g.first_mode();
         self.full(&mut g, first).await?;
         Ok(g)
     }
@@ -371,34 +334,18 @@ impl LiveHost {
         match g.mode {
             DecodeMode::Stateless => self.full(g, Mode::Stateless).await?,
             DecodeMode::Cached => {
-                let Some(&newest) = g.tokens.last() else {
-                    return Err(ShardError::BadRequest("a generation without tokens".into()).into());
-                };
-                let req = ShardRequest {
-                    session: g.session,
-                    mode: Mode::Decode,
-                    input: Activation::tokens(vec![newest]),
-                    seq_len: g.tokens.len(),
-                };
                 let mut bytes = 0;
-                match self.pass(req, &mut bytes).await? {
-                    Pass::Token(t, logits) => {
-                        g.tokens.push(t);
-                        g.last_logits = logits;
-                        g.bytes_between_shards.push(bytes);
-                    }
+                match self.pass(g.decode_request()?, &mut bytes).await? {
+                    Pass::Token(t, logits) => g.push(t, logits, bytes),
                     Pass::Miss => {
-                        g.cache_misses += 1;
                         // Re-prefill the sequence so far under the same session id.
                         self.full(g, Mode::Prefill).await?;
-                        if let Some(b) = g.bytes_between_shards.last_mut() {
-                            *b += bytes;
-                        }
+                        g.record_miss(bytes);
                     }
                 }
             }
         }
-        Ok(g.tokens[g.tokens.len() - 1])
+        Ok(g.newest())
     }
 
     /// Greedy generation of `max_new` tokens (at least one).

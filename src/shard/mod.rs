@@ -236,9 +236,96 @@ pub struct Generation {
 }
 
 impl Generation {
+    /// A generation of `prompt` (not empty) before its first pass.
+    pub fn new(session: SessionId, prompt: Vec<u32>, mode: DecodeMode) -> Result<Self, ShardError> {
+        if prompt.is_empty() {
+            return Err(ShardError::BadRequest("empty prompt".into()));
+        }
+        Ok(Generation {
+            session,
+            mode,
+            prompt_len: prompt.len(),
+            tokens: prompt,
+            last_logits: None,
+            bytes_between_shards: Vec::new(),
+            cache_misses: 0,
+            model_time: Nanos::ZERO,
+        })
+    }
+
     /// The generated tokens.
     pub fn output(&self) -> &[u32] {
         &self.tokens[self.prompt_len..]
+    }
+
+    /// The mode of the first pass: prefill, or a stateless full pass.
+    pub fn first_mode(&self) -> Mode {
+        match self.mode {
+            DecodeMode::Cached => Mode::Prefill,
+            DecodeMode::Stateless => Mode::Stateless,
+        }
+    }
+
+    /// The head's request for a pass over the whole sequence so far.
+    pub fn full_request(&self, mode: Mode) -> ShardRequest {
+        ShardRequest {
+            session: self.session,
+            mode,
+            input: Activation::tokens(self.tokens.clone()),
+            seq_len: self.tokens.len(),
+        }
+    }
+
+    /// The head's request for a decode step: only the newest token, sampled but not yet run
+    /// through the model.
+    pub fn decode_request(&self) -> Result<ShardRequest, ShardError> {
+        let Some(&newest) = self.tokens.last() else {
+            return Err(ShardError::BadRequest("a generation without tokens".into()));
+        };
+        Ok(ShardRequest {
+            session: self.session,
+            mode: Mode::Decode,
+            input: Activation::tokens(vec![newest]),
+            seq_len: self.tokens.len(),
+        })
+    }
+
+    /// Applies the outcome of a full pass in `mode`: appends the token, or reports the miss
+    /// that a full pass never answers.
+    pub fn finish_full(&mut self, mode: Mode, pass: Pass, bytes: u64) -> Result<(), ShardError> {
+        match pass {
+            Pass::Token(t, logits) => {
+                self.push(t, logits, bytes);
+                Ok(())
+            }
+            // Prefill and stateless steps never consult a shard's cache.
+            Pass::Miss => Err(ShardError::BadRoute(format!(
+                "a {mode:?} step of session {:?} answered a cache miss",
+                self.session
+            ))),
+        }
+    }
+
+    /// Appends a sampled token and the bytes its pass sent between shards.
+    pub fn push(&mut self, token: u32, logits: Option<Vec<f32>>, bytes: u64) {
+        self.tokens.push(token);
+        self.last_logits = logits;
+        self.bytes_between_shards.push(bytes);
+    }
+
+    /// Counts a decode step that missed, once its re-prefill has run: the bytes the failed
+    /// step sent are added to the re-prefill's.
+    pub fn record_miss(&mut self, bytes: u64) {
+        self.cache_misses += 1;
+        if let Some(b) = self.bytes_between_shards.last_mut() {
+            *b += bytes;
+        }
+    }
+
+    /// The newest token.
+    pub fn newest(&self) -> u32 {
+        // A generation always holds its (non-empty) prompt.
+        self.tokens[self.tokens.len() - 1]
     }
 }
 
@@ -247,7 +334,9 @@ pub struct Route {
     shards: Vec<Shard>,
 }
 
-enum Pass {
+/// What a pass through a whole route gave: the tail's token, or a cache miss somewhere.
+#[derive(Debug)]
+pub enum Pass {
     Token(u32, Option<Vec<f32>>),
     Miss,
 }
@@ -320,26 +409,9 @@ impl Route {
 
     /// Runs the whole sequence of `g` in `mode` (prefill or stateless) and appends the token.
     fn full(&mut self, now: Nanos, g: &mut Generation, mode: Mode) -> Result<(), ShardError> {
-        let req = ShardRequest {
-            session: g.session,
-            mode,
-            input: Activation::tokens(g.tokens.clone()),
-            seq_len: g.tokens.len(),
-        };
         let mut bytes = 0;
-        match self.pass(now, req, &mut bytes, &mut g.model_time)? {
-            Pass::Token(t, logits) => {
-                g.tokens.push(t);
-                g.last_logits = logits;
-                g.bytes_between_shards.push(bytes);
-                Ok(())
-            }
-            // Prefill and stateless steps never consult a shard's cache.
-            Pass::Miss => Err(ShardError::BadRoute(format!(
-                "a {mode:?} step of session {:?} answered a cache miss",
-                g.session
-            ))),
-        }
+        let pass = self.pass(now, g.full_request(mode), &mut bytes, &mut g.model_time)?;
+        g.finish_full(mode, pass, bytes)
     }
 
     /// Starts a session: prefills `prompt` and samples the first token.
@@ -350,23 +422,8 @@ impl Route {
         prompt: Vec<u32>,
         mode: DecodeMode,
     ) -> Result<Generation, ShardError> {
-        if prompt.is_empty() {
-            return Err(ShardError::BadRequest("empty prompt".into()));
-        }
-        let mut g = Generation {
-            session,
-            mode,
-            prompt_len: prompt.len(),
-            tokens: prompt,
-            last_logits: None,
-            bytes_between_shards: Vec::new(),
-            cache_misses: 0,
-            model_time: Nanos::ZERO,
-        };
-        let first = match mode {
-            DecodeMode::Cached => Mode::Prefill,
-            DecodeMode::Stateless => Mode::Stateless,
-        };
+        let mut g = Generation::new(session, prompt, mode)?;
+        let first = g.first_mode();
         self.full(now, &mut g, first)?;
         Ok(g)
     }
@@ -376,38 +433,19 @@ impl Route {
         match g.mode {
             DecodeMode::Stateless => self.full(now, g, Mode::Stateless)?,
             DecodeMode::Cached => {
-                // The newest token was sampled but not yet run through the model.
-                let Some(&newest) = g.tokens.last() else {
-                    return Err(ShardError::BadRequest("a generation without tokens".into()));
-                };
-                let req = ShardRequest {
-                    session: g.session,
-                    mode: Mode::Decode,
-                    input: Activation::tokens(vec![newest]),
-                    seq_len: g.tokens.len(),
-                };
                 let mut bytes = 0;
-                match self.pass(now, req, &mut bytes, &mut g.model_time)? {
-                    Pass::Token(t, logits) => {
-                        g.tokens.push(t);
-                        g.last_logits = logits;
-                        g.bytes_between_shards.push(bytes);
-                    }
+                match self.pass(now, g.decode_request()?, &mut bytes, &mut g.model_time)? {
+                    Pass::Token(t, logits) => g.push(t, logits, bytes),
                     Pass::Miss => {
-                        g.cache_misses += 1;
                         // Re-prefill the sequence so far under the same session id; this
                         // replaces the state of the shards that did run the decode step.
                         self.full(now, g, Mode::Prefill)?;
-                        // Count what the failed decode step sent too.
-                        if let Some(b) = g.bytes_between_shards.last_mut() {
-                            *b += bytes;
-                        }
+                        g.record_miss(bytes);
                     }
                 }
             }
         }
-        // Every branch above pushed a token or returned an error.
-        Ok(g.tokens[g.tokens.len() - 1])
+        Ok(g.newest())
     }
 
     /// Greedy generation of `max_new` tokens (at least one), all at time `now`.
