@@ -11,6 +11,7 @@ use crate::hardware::Place;
 use crate::metrics::{Completion, Report};
 use crate::model::cost::BatchShape;
 use crate::rng::Stream;
+use crate::shard::{ShardReply, ShardRequest};
 use crate::sim::kernel::ActorId;
 use crate::store::directory::{LoadPlan, TensorId};
 use crate::units::Nanos;
@@ -63,6 +64,14 @@ pub enum Msg {
     },
     /// Metadata -> store server: write this many demoted bytes to SSD (in the background).
     Demote { bytes: u64 },
+    /// Pipeline head or shard -> shard: one step of a route session (DESIGN, "Pipeline
+    /// routes"); the payload is the step's input activation.
+    Step(Box<ShardRequest>),
+    /// Tail shard (a token) or any shard (a cache miss) -> pipeline head.
+    Reply(Box<ShardReply>),
+    /// Pipeline head -> shard: drop every session state, as a restarted shard process would
+    /// (fault injection).
+    Restart,
 }
 
 /// A prefix lookup.
@@ -89,6 +98,10 @@ pub enum Work {
     },
     /// Reading or writing `bytes` on this actor's node's SSDs.
     Ssd { write: bool, bytes: u64 },
+    /// Model work whose duration the actor's model backend has already determined: the
+    /// modelled time under the sim backend. Under the live host the work has already run for
+    /// real when the actor starts it, so it ends at once.
+    Compute(Nanos),
 }
 
 /// What an actor can do to the world.
@@ -117,4 +130,11 @@ pub trait Actor: Send {
 
     /// Adds this actor's results and invariant violations to `report` at the end of a run.
     fn report(&self, report: &mut Report);
+
+    /// Whether the actor has nothing left to do. The sim host ends a run when no event is
+    /// left; the live host, which cannot see messages in flight, ends it once every actor
+    /// says it is done after handling a message.
+    fn done(&self) -> bool {
+        true
+    }
 }

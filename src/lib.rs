@@ -20,6 +20,7 @@ pub mod hash;
 pub mod live;
 pub mod metrics;
 pub mod model;
+pub mod pipeline;
 pub mod plot;
 pub mod policy;
 pub mod rng;

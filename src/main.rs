@@ -5,6 +5,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
+use meshsim::pipeline::run as pipeline_run;
+use meshsim::pipeline::scenario::{CostSource, PipelineScenario, mode_name};
 use meshsim::scenario::Scenario;
 use meshsim::units::GIB;
 use meshsim::workload::WorkloadSpec;
@@ -44,6 +46,10 @@ enum Command {
         /// Print only errors.
         #[arg(long, short)]
         quiet: bool,
+        /// Pipeline scenarios: run on the live host (candle tensors, ractor actors, wall
+        /// clock) instead of the simulator; results go to results/<name>_live/ by default.
+        #[arg(long)]
+        live: bool,
     },
     /// Redraw the plots and report.md of a results folder from its CSV files.
     Plot {
@@ -535,6 +541,152 @@ fn run(
     ExitCode::SUCCESS
 }
 
+fn describe_pipeline(s: &PipelineScenario) {
+    println!("pipeline scenario {} (seed {})", s.name, s.seed);
+    let ranges: Vec<String> = s
+        .layers
+        .iter()
+        .map(|l| format!("{}..{}", l.start, l.end))
+        .collect();
+    println!(
+        "  model: {} ({} layers, hidden {}) in {} shards: {}",
+        s.model.name,
+        s.model.layers,
+        s.model.hidden,
+        s.layers.len(),
+        ranges.join(", ")
+    );
+    let cost = match &s.cost {
+        CostSource::Analytic { gpu, .. } => format!("analytic roofline on {}", gpu.name),
+    };
+    println!(
+        "  host: {}; step cost: {cost}; link {:.1} GB/s, {:.1} us one way",
+        if s.live { "live (candle, ractor)" } else { "simulated" },
+        s.link.bandwidth / 1e9,
+        s.link.latency.0 as f64 / 1e3
+    );
+    println!(
+        "  session caches: {} sessions, TTL {:.0} s; head: {} sessions at once",
+        s.cache.max_sessions,
+        s.cache.ttl.as_secs_f64(),
+        s.max_active
+    );
+    let w = &s.workload;
+    println!(
+        "  workload: {} requests at {} /s, {} prompt tokens, {} output tokens; modes: {}",
+        w.requests,
+        w.arrival_rate_per_s,
+        w.prompt_tokens,
+        w.output_tokens,
+        s.modes
+            .iter()
+            .map(|m| mode_name(*m))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    if !s.points.is_empty() {
+        let labels: Vec<&str> = s.points.iter().map(|p| p.label.as_str()).collect();
+        println!("  sweep: {} points: {}", labels.len(), labels.join(", "));
+    }
+}
+
+fn run_pipeline(
+    scenario: &Path,
+    seed: Option<u64>,
+    out: Option<PathBuf>,
+    threads: Option<usize>,
+    quiet: bool,
+    live_flag: bool,
+) -> ExitCode {
+    let mut s = match PipelineScenario::load(scenario) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_BAD_INPUT);
+        }
+    };
+    if let Some(seed) = seed {
+        s.seed = seed;
+        for p in &mut s.points {
+            p.scenario.seed = seed;
+        }
+    }
+    let live = s.live || live_flag;
+    s.live = live;
+    if !quiet {
+        describe_pipeline(&s);
+    }
+    let started = Instant::now();
+    let runs = if live {
+        let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+            Ok(rt) => rt,
+            Err(e) => {
+                eprintln!("error: cannot start the tokio runtime: {e}");
+                return ExitCode::from(EXIT_FAILED);
+            }
+        };
+        let spinner = Spinner::start(!quiet, "serving on the live host".into());
+        let runs = rt.block_on(pipeline_run::live_all(&s));
+        spinner.stop();
+        runs.map_err(|e| e.to_string())
+    } else {
+        let threads =
+            threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        pipeline_run::simulate_all(&s, threads).map_err(|e| e.to_string())
+    };
+    let runs = match runs {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            eprintln!(
+                "reproduce with: meshsim run {}{} --seed {}",
+                scenario.display(),
+                if live_flag { " --live" } else { "" },
+                s.seed
+            );
+            return ExitCode::from(EXIT_FAILED);
+        }
+    };
+    let default_name = if live_flag {
+        format!("{}_live", s.name)
+    } else {
+        s.name.clone()
+    };
+    let dir = out.unwrap_or_else(|| Path::new("results").join(default_name));
+    let written = match pipeline_run::write_results(&s, &runs, &dir) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("error: cannot write results to {}: {e}", dir.display());
+            return ExitCode::from(EXIT_FAILED);
+        }
+    };
+    if !quiet {
+        for r in &runs {
+            let sm = &r.summary;
+            if let Some(point) = &sm.point {
+                print!("  [{point}]");
+            }
+            println!(
+                "  {:<10} TTFT p50 {:>9.1} ms  p99 {:>9.1} ms | TPOT p50 {:>7.2} ms | {:>8.1} output tokens/s | {} re-prefills | {:.2} s",
+                sm.policy,
+                sm.ttft.p50,
+                sm.ttft.p99,
+                sm.tpot.p50,
+                sm.output_tokens_per_s,
+                sm.preemptions,
+                r.wall.as_secs_f64()
+            );
+        }
+        println!(
+            "  wall time {:.2} s; results in {}; plots and report.md drawn in {:.3} s",
+            started.elapsed().as_secs_f64(),
+            dir.display(),
+            written.plot_time.as_secs_f64()
+        );
+    }
+    ExitCode::SUCCESS
+}
+
 /// A spinner on stdout while policies are simulated, shown only when stdout is a terminal and
 /// the simulation lasts more than a second. Console only: nothing of it reaches result files.
 struct Spinner {
@@ -657,7 +809,21 @@ fn main() -> ExitCode {
             out,
             threads,
             quiet,
-        } => run(&scenario, seed, out, threads, quiet),
+            live,
+        } => {
+            let text = std::fs::read_to_string(&scenario).unwrap_or_default();
+            if meshsim::pipeline::scenario::is_pipeline(&text) {
+                run_pipeline(&scenario, seed, out, threads, quiet, live)
+            } else if live {
+                eprintln!(
+                    "error: {}: --live needs a pipeline scenario (one with a [pipeline] table)",
+                    scenario.display()
+                );
+                ExitCode::from(EXIT_BAD_INPUT)
+            } else {
+                run(&scenario, seed, out, threads, quiet)
+            }
+        }
         Command::Trace {
             command:
                 TraceCommand::Stats {
@@ -669,6 +835,22 @@ fn main() -> ExitCode {
         Command::Trace {
             command: TraceCommand::Convert { load, out },
         } => trace_convert(&load, &out),
+        Command::Check { scenario }
+            if meshsim::pipeline::scenario::is_pipeline(
+                &std::fs::read_to_string(&scenario).unwrap_or_default(),
+            ) =>
+        {
+            match PipelineScenario::load(&scenario) {
+                Ok(s) => {
+                    describe_pipeline(&s);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(EXIT_BAD_INPUT)
+                }
+            }
+        }
         Command::Check { scenario } => match Scenario::load(&scenario) {
             Ok(s) => {
                 describe(&s);

@@ -250,6 +250,30 @@ pub struct Written {
 /// Writes `requests.csv`, `summary.csv` and `scenario.toml` into `dir`, replacing it whole,
 /// then the plots and `report.md` made from those files.
 pub fn write_results(s: &Scenario, runs: &[PolicyRun], dir: &Path) -> std::io::Result<Written> {
+    let records: Vec<(Option<&str>, &str, &[crate::metrics::RequestRecord])> = runs
+        .iter()
+        .map(|r| {
+            (
+                r.summary.point.as_deref(),
+                r.policy.name(),
+                r.report.records.as_slice(),
+            )
+        })
+        .collect();
+    let summaries: Vec<Summary> = runs.iter().map(|r| r.summary.clone()).collect();
+    write_results_dir(&s.text, &records, &summaries, dir)
+}
+
+/// Writes a results folder: `scenario.toml` (`text`), `requests.csv` (`records`: point,
+/// policy and its records), `summary.csv`, then the plots and `report.md` made from those
+/// files. Everything goes into a temporary folder beside `dir` that replaces `dir` at the
+/// end, so a failure leaves no half-written results.
+pub fn write_results_dir(
+    text: &str,
+    records: &[(Option<&str>, &str, &[crate::metrics::RequestRecord])],
+    summaries: &[Summary],
+    dir: &Path,
+) -> std::io::Result<Written> {
     let parent = dir
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -265,22 +289,11 @@ pub fn write_results(s: &Scenario, runs: &[PolicyRun], dir: &Path) -> std::io::R
     }
     std::fs::create_dir_all(&tmp)?;
     let result = (|| -> std::io::Result<Duration> {
-        std::fs::write(tmp.join("scenario.toml"), &s.text)?;
-        let records: Vec<(Option<&str>, &str, &[crate::metrics::RequestRecord])> = runs
-            .iter()
-            .map(|r| {
-                (
-                    r.summary.point.as_deref(),
-                    r.policy.name(),
-                    r.report.records.as_slice(),
-                )
-            })
-            .collect();
+        std::fs::write(tmp.join("scenario.toml"), text)?;
         let f = std::io::BufWriter::new(std::fs::File::create(tmp.join("requests.csv"))?);
-        write_requests(f, &records).map_err(std::io::Error::other)?;
-        let summaries: Vec<Summary> = runs.iter().map(|r| r.summary.clone()).collect();
+        write_requests(f, records).map_err(std::io::Error::other)?;
         let f = std::io::BufWriter::new(std::fs::File::create(tmp.join("summary.csv"))?);
-        write_summary(f, &summaries).map_err(std::io::Error::other)?;
+        write_summary(f, summaries).map_err(std::io::Error::other)?;
         let started = Instant::now();
         crate::plot::render(&tmp).map_err(std::io::Error::other)?;
         Ok(started.elapsed())

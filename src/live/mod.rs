@@ -24,6 +24,9 @@
 //! Model work runs inside the actor's handler on a tokio worker thread (wrapped in
 //! `block_in_place` on a multi-threaded runtime), so one shard computes one step at a time.
 
+pub mod host;
+
+use host::compute;
 use std::ops::Range;
 use std::path::Path;
 use std::time::Instant;
@@ -126,15 +129,6 @@ impl Actor for ShardActor {
     }
 }
 
-/// Runs CPU-bound work without starving the runtime's other tasks where the runtime allows it.
-fn compute<T>(f: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(f)
-        }
-        _ => f(),
-    }
-}
 
 /// Where the driver sends a shard's work: an abstract address (today a local actor).
 #[derive(Clone)]

@@ -105,6 +105,9 @@ pub struct Report {
     pub store: Option<crate::store::metadata::StoreReport>,
     /// Broken invariants; a run with any is an error.
     pub violations: Vec<String>,
+    /// Pipeline runs: the tokens each completed request generated, by request id (not
+    /// written to the CSV files; for comparing hosts and backends).
+    pub outputs: Vec<(u32, Vec<u32>)>,
 }
 
 /// Mean and percentiles of a set of durations, in milliseconds.

@@ -6,7 +6,7 @@
 //! syntax error also gives the line and column. Unknown keys are errors, so a misspelt key or
 //! a key with the wrong unit (`memory_gb` for `memory_gib`) is caught, not ignored.
 
-mod raw;
+pub(crate) mod raw;
 
 use std::fmt;
 use std::path::Path;
@@ -104,12 +104,12 @@ pub const MAX_BLOCKS_PER_INSTANCE: u32 = 1 << 24;
 /// Most KV blocks all instances together may have.
 pub const MAX_BLOCKS_TOTAL: u64 = 1 << 27;
 
-struct Check<'a> {
-    file: &'a str,
+pub(crate) struct Check<'a> {
+    pub(crate) file: &'a str,
 }
 
 impl Check<'_> {
-    fn err(&self, key: &str, message: impl Into<String>) -> ScenarioError {
+    pub(crate) fn err(&self, key: &str, message: impl Into<String>) -> ScenarioError {
         ScenarioError {
             file: self.file.to_string(),
             key: key.to_string(),
@@ -118,7 +118,7 @@ impl Check<'_> {
         }
     }
 
-    fn positive(&self, key: &str, v: f64) -> Result<f64, ScenarioError> {
+    pub(crate) fn positive(&self, key: &str, v: f64) -> Result<f64, ScenarioError> {
         if v.is_finite() && v > 0.0 {
             Ok(v)
         } else {
@@ -126,7 +126,7 @@ impl Check<'_> {
         }
     }
 
-    fn fraction(&self, key: &str, v: f64) -> Result<f64, ScenarioError> {
+    pub(crate) fn fraction(&self, key: &str, v: f64) -> Result<f64, ScenarioError> {
         if v.is_finite() && v > 0.0 && v <= 1.0 {
             Ok(v)
         } else {
@@ -134,7 +134,7 @@ impl Check<'_> {
         }
     }
 
-    fn count(&self, key: &str, v: u32, max: u32) -> Result<u32, ScenarioError> {
+    pub(crate) fn count(&self, key: &str, v: u32, max: u32) -> Result<u32, ScenarioError> {
         if (1..=max).contains(&v) {
             Ok(v)
         } else {
@@ -145,7 +145,7 @@ impl Check<'_> {
         }
     }
 
-    fn latency(&self, key: &str, ns: u64) -> Result<Nanos, ScenarioError> {
+    pub(crate) fn latency(&self, key: &str, ns: u64) -> Result<Nanos, ScenarioError> {
         if ns <= MAX_LATENCY_NS {
             Ok(Nanos(ns))
         } else {
@@ -156,7 +156,7 @@ impl Check<'_> {
         }
     }
 
-    fn link(&self, key: &str, l: &RawLink) -> Result<LinkSpec, ScenarioError> {
+    pub(crate) fn link(&self, key: &str, l: &RawLink) -> Result<LinkSpec, ScenarioError> {
         Ok(LinkSpec {
             bandwidth: self.positive(&format!("{key}.bandwidth_gb_per_s"), l.bandwidth_gb_per_s)?
                 * GB,
@@ -165,7 +165,7 @@ impl Check<'_> {
     }
 }
 
-fn line_col(text: &str, offset: usize) -> (usize, usize) {
+pub(crate) fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
     let line = before.matches('\n').count() + 1;
     let col = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
@@ -251,6 +251,22 @@ impl Scenario {
     }
 }
 
+/// A validated GPU from its raw table at `key`.
+pub(crate) fn gpu_spec(c: &Check, key: &str, g: &RawGpu) -> Result<GpuSpec, ScenarioError> {
+    let k = |f: &str| format!("{key}.{f}");
+    Ok(GpuSpec {
+        name: g.name.clone(),
+        memory_bytes: (c.positive(&k("memory_gib"), g.memory_gib)? * GIB as f64) as u64,
+        memory_bandwidth: c.positive(
+            &k("memory_bandwidth_gb_per_s"),
+            g.memory_bandwidth_gb_per_s,
+        )? * GB,
+        peak_flops: c.positive(&k("peak_tflops"), g.peak_tflops)? * 1e12,
+        compute_efficiency: c.fraction(&k("compute_efficiency"), g.compute_efficiency)?,
+        memory_efficiency: c.fraction(&k("memory_efficiency"), g.memory_efficiency)?,
+    })
+}
+
 /// KV memory of one instance: what its GPUs hold beyond the weights and the reserve.
 fn kv_bytes_per_instance(hw: &HardwareSpec, model: &ModelConfig, tp: u32, reserve: u64) -> i128 {
     tp as i128 * hw.gpu.memory_bytes as i128
@@ -294,19 +310,7 @@ fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenar
             format!("more than {MAX_GPUS} GPUs in all"),
         ));
     }
-    let gpu = GpuSpec {
-        name: h.gpu.name.clone(),
-        memory_bytes: (c.positive("hardware.gpu.memory_gib", h.gpu.memory_gib)? * GIB as f64)
-            as u64,
-        memory_bandwidth: c.positive(
-            "hardware.gpu.memory_bandwidth_gb_per_s",
-            h.gpu.memory_bandwidth_gb_per_s,
-        )? * GB,
-        peak_flops: c.positive("hardware.gpu.peak_tflops", h.gpu.peak_tflops)? * 1e12,
-        compute_efficiency: c
-            .fraction("hardware.gpu.compute_efficiency", h.gpu.compute_efficiency)?,
-        memory_efficiency: c.fraction("hardware.gpu.memory_efficiency", h.gpu.memory_efficiency)?,
-    };
+    let gpu = gpu_spec(&c, "hardware.gpu", &h.gpu)?;
     let host = HostSpec {
         memory_bytes: (c.positive("hardware.host.memory_gib", h.host.memory_gib)? * GIB as f64)
             as u64,
@@ -504,6 +508,24 @@ fn sweep_points(
     text: &str,
     sweep: &toml::Table,
 ) -> Result<Vec<SweepPoint>, ScenarioError> {
+    sweep_texts(file, text, sweep)?
+        .into_iter()
+        .map(|(label, point_text)| {
+            let scenario =
+                Scenario::parse(&format!("{file} (sweep point {label})"), name, &point_text)?;
+            Ok(SweepPoint { label, scenario })
+        })
+        .collect()
+}
+
+/// The points of a `[sweep]` table as `(label, scenario text)`: every combination of the
+/// listed values (the first key varies slowest) applied to the file's other keys, with the
+/// `[sweep]` table removed. Any kind of scenario validates the texts itself.
+pub(crate) fn sweep_texts(
+    file: &str,
+    text: &str,
+    sweep: &toml::Table,
+) -> Result<Vec<(String, String)>, ScenarioError> {
     let err = |key: &str, message: String| ScenarioError {
         file: file.to_string(),
         key: if key.is_empty() {
@@ -561,9 +583,7 @@ fn sweep_points(
         label.reverse();
         let label = label.join(" ");
         let point_text = toml::to_string(&t).map_err(|e| err("", e.to_string()))?;
-        let scenario =
-            Scenario::parse(&format!("{file} (sweep point {label})"), name, &point_text)?;
-        points.push(SweepPoint { label, scenario });
+        points.push((label, point_text));
     }
     Ok(points)
 }

@@ -64,8 +64,14 @@ pub struct SessionCache<V> {
     /// Use order: sequence number of last use -> key. The first is the least recently used.
     order: BTreeMap<u64, CacheKey>,
     next_seq: u64,
+    /// The most recent evictions (at most [`EVICTION_LOG`]), for [`Self::drain_evictions`].
     evicted: Vec<(CacheKey, Eviction)>,
+    evictions: u64,
 }
+
+/// Most evictions [`SessionCache`] remembers between two drains; older ones are forgotten
+/// (the counter [`SessionCache::evictions`] still counts them).
+pub const EVICTION_LOG: usize = 1024;
 
 impl<V> SessionCache<V> {
     /// An empty cache; `max_sessions` must be at least 1.
@@ -77,6 +83,7 @@ impl<V> SessionCache<V> {
             order: BTreeMap::new(),
             next_seq: 0,
             evicted: Vec::new(),
+            evictions: 0,
         }
     }
 
@@ -107,7 +114,7 @@ impl<V> SessionCache<V> {
         for (seq, key) in expired {
             self.order.remove(&seq);
             self.entries.remove(&key);
-            self.evicted.push((key, Eviction::Expired));
+            self.log_eviction(key, Eviction::Expired);
         }
     }
 
@@ -152,7 +159,7 @@ impl<V> SessionCache<V> {
                 break;
             };
             self.entries.remove(&victim);
-            self.evicted.push((victim, Eviction::Lru));
+            self.log_eviction(victim, Eviction::Lru);
         }
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -202,7 +209,20 @@ impl<V> SessionCache<V> {
         self.order.values().copied().collect()
     }
 
-    /// The evictions since the last call, in order.
+    /// Entries dropped by LRU or TTL since the cache was made.
+    pub fn evictions(&self) -> u64 {
+        self.evictions
+    }
+
+    fn log_eviction(&mut self, key: CacheKey, why: Eviction) {
+        self.evictions += 1;
+        if self.evicted.len() == EVICTION_LOG {
+            self.evicted.remove(0);
+        }
+        self.evicted.push((key, why));
+    }
+
+    /// The evictions since the last call (the latest [`EVICTION_LOG`]), in order.
     pub fn drain_evictions(&mut self) -> Vec<(CacheKey, Eviction)> {
         std::mem::take(&mut self.evicted)
     }

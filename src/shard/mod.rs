@@ -67,6 +67,8 @@ pub enum ShardReply {
     },
     /// A decode step found no usable cache state here.
     CacheMiss { session: SessionId, key: CacheKey },
+    /// The step could not be run (a bad request or a backend error); the session ends.
+    Failed { session: SessionId, error: String },
 }
 
 /// What a shard did with a request.

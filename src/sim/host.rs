@@ -9,6 +9,7 @@
 //! * `start(Work::Fetch)`: after the posting overhead (per request plus per segment), the bytes
 //!   cross the links from the source to the actor's place;
 //! * `start(Work::Ssd)`: the bytes cross the node's SSD read or write channel;
+//! * `start(Work::Compute(d))`: after exactly `d`, the backend's modelled duration;
 //! * `timer`: after exactly the requested delay;
 //! * `rng`: the actor's own ChaCha8 stream, numbered `ACTOR_BASE + actor id`.
 //!
@@ -94,6 +95,7 @@ impl Context for SimCtx<'_> {
                 let node = here.node().expect("SSD work runs on a node");
                 self.network.ssd(now, node, write, bytes)
             }
+            Work::Compute(d) => now + d,
         };
         self.kernel.schedule(at, self.me, done);
     }

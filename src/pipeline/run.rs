@@ -1,0 +1,300 @@
+//! Running a pipeline scenario: on the simulator (every decode mode and sweep point in
+//! parallel, deterministic) or on the live host (one run after another, measured).
+//!
+//! Both build the same actors ([`Head`] with id 0, then one [`ShardNode`] per layer range)
+//! and differ only in the backend and the host:
+//!
+//! * **sim**: [`SimBackend`] (analytic roofline, or a measured profile) on [`SimHost`]. The
+//!   head runs at the frontend, shard `i` on node `i`; every message crosses the scenario's
+//!   `[pipeline.link]` (bandwidth per direction, one-way latency), FIFO per link, as in the
+//!   cluster model.
+//! * **live**: [`CandleBackend`] (f32, weights seeded from the scenario's seed, on the default
+//!   device) on [`crate::live::host`], with the wall clock.
+//!
+//! The trace: `requests` arrivals of a Poisson process at `arrival_rate_per_s` (ChaCha8 stream
+//! `WORKLOAD_ARRIVALS`), each with a prompt of `prompt_tokens` seeded token ids (as
+//! [`crate::live::seeded_prompt`]) and `output_tokens` to generate. The same trace is used by
+//! every mode, point and host.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use candle_core::DType;
+
+use super::scenario::{CostSource, PipelineScenario, mode_name};
+use super::{Head, HeadConfig, PipelineRequest, ShardNode};
+use crate::actor::Actor;
+use crate::backend::{CandleBackend, ModelBackend, SimBackend};
+use crate::exec::{WeightSource, default_device};
+use crate::hardware::network::Network;
+use crate::hardware::{
+    GpuSpec, HardwareSpec, HostSpec, LinkSpec, NetworkSpec, Place, SsdSpec,
+};
+use crate::live::LiveError;
+use crate::metrics::{Report, RequestRecord, Summary};
+use crate::model::cost::CostModel;
+use crate::rng::{Stream, streams};
+use crate::run::Written;
+use crate::shard::{DecodeMode, Shard};
+use crate::sim::host::SimHost;
+use crate::sim::kernel::{ActorId, SimError};
+use crate::units::Nanos;
+
+/// One decode mode's run at one point.
+#[derive(Debug)]
+pub struct PipelineRun {
+    pub mode: DecodeMode,
+    pub report: Report,
+    pub summary: Summary,
+    /// Wall-clock time of the run (console only).
+    pub wall: Duration,
+}
+
+/// The requests of `s`, sorted by arrival.
+pub fn trace(s: &PipelineScenario) -> Vec<PipelineRequest> {
+    let w = &s.workload;
+    let mut rng = Stream::new(s.seed, streams::WORKLOAD_ARRIVALS);
+    let mut t = 0.0f64;
+    (0..w.requests)
+        .map(|id| {
+            if id > 0 {
+                t += rng.exponential(w.arrival_rate_per_s);
+            }
+            PipelineRequest {
+                arrival: Nanos::from_secs_f64(t),
+                prompt: crate::live::seeded_prompt(
+                    s.seed,
+                    id,
+                    w.prompt_tokens as usize,
+                    s.model.vocab,
+                ),
+                output_tokens: w.output_tokens,
+            }
+        })
+        .collect()
+}
+
+/// The head (id 0) and the shard actors (ids 1..) of `s` in `mode` over `backends`.
+pub fn actors(
+    s: &PipelineScenario,
+    mode: DecodeMode,
+    backends: Vec<Box<dyn ModelBackend>>,
+) -> Vec<Box<dyn Actor>> {
+    let n = backends.len();
+    let ids: Vec<ActorId> = (1..=n).map(|i| ActorId(i as u32)).collect();
+    let cfg = HeadConfig {
+        mode,
+        max_active: s.max_active,
+        max_waiting: s.max_waiting,
+        restarts: s.restarts.clone(),
+    };
+    let mut out: Vec<Box<dyn Actor>> = vec![Box::new(Head::new(cfg, ids.clone(), trace(s)))];
+    for (i, b) in backends.into_iter().enumerate() {
+        let next = ids.get(i + 1).copied();
+        let shard = Shard::new(b, s.cache);
+        out.push(Box::new(ShardNode::new(
+            shard,
+            i,
+            next,
+            ActorId(0),
+            s.max_active,
+        )));
+    }
+    out
+}
+
+/// A GPU that the cost model of the sim host needs but no pipeline actor uses
+/// ([`crate::actor::Work::Batch`] is never started by a pipeline).
+fn unused_gpu() -> GpuSpec {
+    GpuSpec {
+        name: "unused".into(),
+        memory_bytes: 1,
+        memory_bandwidth: 1.0,
+        peak_flops: 1.0,
+        compute_efficiency: 1.0,
+        memory_efficiency: 1.0,
+    }
+}
+
+/// The network of a pipeline: one node per shard and the frontend, every pair joined by the
+/// scenario's link (one NIC per node, the latency charged once per message).
+fn network(s: &PipelineScenario) -> Network {
+    let link = s.link;
+    let unused = LinkSpec {
+        bandwidth: 1.0,
+        latency: Nanos::ZERO,
+    };
+    let gpu = match &s.cost {
+        CostSource::Analytic { gpu, .. } => gpu.clone(),
+    };
+    Network::new(&HardwareSpec {
+        nodes: s.layers.len() as u32,
+        gpus_per_node: 1,
+        gpu,
+        host: HostSpec {
+            memory_bytes: 1,
+            memory_bandwidth: 1.0,
+        },
+        ssd: SsdSpec {
+            drives: 1,
+            capacity_bytes_per_drive: 1,
+            read_bandwidth_per_drive: 1.0,
+            write_bandwidth_per_drive: 1.0,
+            latency: Nanos::ZERO,
+        },
+        pcie: unused,
+        nvlink: unused,
+        network: NetworkSpec {
+            nics_per_node: 1,
+            nic: LinkSpec {
+                bandwidth: link.bandwidth,
+                latency: Nanos::ZERO,
+            },
+            switch_latency: link.latency,
+            switch_hops: 1,
+        },
+    })
+}
+
+fn sim_backends(s: &PipelineScenario) -> Vec<Box<dyn ModelBackend>> {
+    let model = s.model_config();
+    s.layers
+        .iter()
+        .map(|l| -> Box<dyn ModelBackend> {
+            match &s.cost {
+                CostSource::Analytic { gpu, overhead } => Box::new(SimBackend::new(
+                    model.clone(),
+                    l.clone(),
+                    gpu.clone(),
+                    *overhead,
+                )),
+            }
+        })
+        .collect()
+}
+
+/// Simulates `s` in `mode`.
+pub fn simulate(s: &PipelineScenario, mode: DecodeMode) -> Result<PipelineRun, SimError> {
+    let started = Instant::now();
+    let cost = CostModel::new(
+        s.model_config(),
+        unused_gpu(),
+        LinkSpec {
+            bandwidth: 1.0,
+            latency: Nanos::ZERO,
+        },
+        1,
+        Nanos::ZERO,
+    );
+    let mut host = SimHost::new(network(s), cost, s.limits, s.seed);
+    for (i, a) in actors(s, mode, sim_backends(s)).into_iter().enumerate() {
+        let place = if i == 0 {
+            Place::Frontend
+        } else {
+            Place::Host { node: i as u32 - 1 }
+        };
+        host.add(a, place);
+    }
+    let out = host.run()?;
+    let summary = Summary::new(mode_name(mode), &out.report, out.events);
+    Ok(PipelineRun {
+        mode,
+        report: out.report,
+        summary,
+        wall: started.elapsed(),
+    })
+}
+
+/// Simulates every mode at every point of `s` on up to `threads` threads; the results are in
+/// (point, mode) order whatever the thread count.
+pub fn simulate_all(s: &PipelineScenario, threads: usize) -> Result<Vec<PipelineRun>, SimError> {
+    let jobs: Vec<(Option<&str>, &PipelineScenario, DecodeMode)> = s
+        .runs()
+        .into_iter()
+        .flat_map(|(label, p)| p.modes.iter().map(move |&m| (label, p, m)))
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<std::sync::Mutex<Option<Result<PipelineRun, SimError>>>> =
+        jobs.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..threads.clamp(1, jobs.len().max(1)) {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(&(label, p, mode)) = jobs.get(i) else {
+                        break;
+                    };
+                    let r = simulate(p, mode).map(|mut r| {
+                        r.summary.point = label.map(str::to_string);
+                        r
+                    });
+                    if let Ok(mut slot) = results[i].lock() {
+                        *slot = Some(r);
+                    }
+                }
+            });
+        }
+    });
+    results
+        .into_iter()
+        .map(|m| {
+            m.into_inner()
+                .ok()
+                .flatten()
+                .expect("every job ran to completion")
+        })
+        .collect()
+}
+
+/// Runs `s` in `mode` on the live host with candle shards.
+pub async fn live(s: &PipelineScenario, mode: DecodeMode) -> Result<PipelineRun, LiveError> {
+    let device = default_device();
+    let weights = WeightSource::Seeded(s.seed);
+    let mut backends: Vec<Box<dyn ModelBackend>> = Vec::with_capacity(s.layers.len());
+    for l in &s.layers {
+        let b = CandleBackend::load(&s.model, l.clone(), &weights, DType::F32, &device)
+            .map_err(|e| LiveError::Config(e.to_string()))?;
+        backends.push(Box::new(b));
+    }
+    let out = crate::live::host::run(actors(s, mode, backends), s.seed, s.max_wall).await?;
+    let summary = Summary::new(mode_name(mode), &out.report, out.messages);
+    Ok(PipelineRun {
+        mode,
+        report: out.report,
+        summary,
+        wall: out.wall,
+    })
+}
+
+/// Runs every mode at every point of `s` on the live host, one after another.
+pub async fn live_all(s: &PipelineScenario) -> Result<Vec<PipelineRun>, LiveError> {
+    let mut runs = Vec::new();
+    for (label, p) in s.runs() {
+        for &m in &p.modes {
+            let mut r = live(p, m).await?;
+            r.summary.point = label.map(str::to_string);
+            runs.push(r);
+        }
+    }
+    Ok(runs)
+}
+
+/// Writes the results folder of `runs` of `s` (see [`crate::run::write_results_dir`]).
+pub fn write_results(
+    s: &PipelineScenario,
+    runs: &[PipelineRun],
+    dir: &Path,
+) -> std::io::Result<Written> {
+    let records: Vec<(Option<&str>, &str, &[RequestRecord])> = runs
+        .iter()
+        .map(|r| {
+            (
+                r.summary.point.as_deref(),
+                mode_name(r.mode),
+                r.report.records.as_slice(),
+            )
+        })
+        .collect();
+    let summaries: Vec<Summary> = runs.iter().map(|r| r.summary.clone()).collect();
+    crate::run::write_results_dir(&s.text, &records, &summaries, dir)
+}

@@ -1,0 +1,590 @@
+//! Pipeline scenarios: one TOML file with a top-level `[pipeline]` table (see the README,
+//! "Pipeline scenarios").
+//!
+//! ```toml
+//! name = "pipeline_small_2shard"
+//! seed = 1
+//! policies = ["cached", "stateless"]   # decode modes, compared like policies
+//! mode = "sim"                         # or "live": real candle tensors on ractor actors
+//!
+//! [pipeline]
+//! model = "small"                      # tiny, tiny-qwen, small, mistral-7b-instruct-v0.2, qwen2.5-0.5b
+//! shards = 2                           # or layers = [[0, 4], [4, 8]]
+//! max_sessions = 16                    # per shard session cache
+//! session_ttl_s = 600.0
+//! max_active_sessions = 1              # sessions the head runs at once
+//! cost = "analytic"                    # or "profile" with profile = "path.toml"
+//!
+//! [pipeline.gpu]                       # analytic cost only: the device of every shard
+//! ...
+//! [pipeline.link]                      # head <-> shards and shard -> shard
+//! bandwidth_gb_per_s = 10.0
+//! latency_us = 10.0
+//!
+//! [workload]
+//! requests = 16
+//! prompt_tokens = 64
+//! output_tokens = 64
+//! arrival_rate_per_s = 1.0             # Poisson arrivals
+//! ```
+//!
+//! Errors name the file, the dotted key and what was expected, like those of serving
+//! scenarios; a `[sweep]` table works the same way.
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::RestartAt;
+use crate::exec::TransformerConfig;
+use crate::hardware::{GpuSpec, LinkSpec};
+use crate::model::ModelConfig;
+use crate::scenario::raw::RawGpu;
+use crate::scenario::{
+    Check, MAX_REQUESTS, ScenarioError, gpu_spec, line_col, sweep_texts,
+};
+use crate::shard::{CacheLimits, DecodeMode};
+use crate::sim::kernel::Limits;
+use crate::units::{GB, Nanos};
+
+/// Largest prompt or output of a pipeline request.
+pub const MAX_PIPELINE_TOKENS: u32 = 1 << 16;
+/// Most sessions a shard cache or the head may hold.
+pub const MAX_SESSIONS: usize = 1 << 16;
+/// Most shards of a route.
+pub const MAX_SHARDS: usize = 256;
+
+/// Where the shards' step durations come from in a simulation.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CostSource {
+    /// The roofline cost model on `gpu`, plus `overhead` per step.
+    Analytic { gpu: GpuSpec, overhead: Nanos },
+}
+
+/// The workload of a pipeline scenario: identical requests with seeded prompts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PipelineWorkload {
+    pub requests: u32,
+    pub prompt_tokens: u32,
+    pub output_tokens: u32,
+    /// Poisson arrivals at this rate.
+    pub arrival_rate_per_s: f64,
+}
+
+/// A validated pipeline scenario.
+#[derive(Clone, Debug)]
+pub struct PipelineScenario {
+    pub name: String,
+    /// The file's exact text, copied into the results.
+    pub text: String,
+    /// The folder of the scenario file (relative paths in it are resolved against it).
+    pub dir: PathBuf,
+    pub seed: u64,
+    pub modes: Vec<DecodeMode>,
+    /// Run on the live host instead of the simulator.
+    pub live: bool,
+    pub model: TransformerConfig,
+    /// Bytes per element of activations and KV (4: candle runs f32).
+    pub bytes_per_element: u64,
+    pub layers: Vec<Range<usize>>,
+    pub cache: CacheLimits,
+    pub max_active: usize,
+    pub max_waiting: usize,
+    pub cost: CostSource,
+    pub link: LinkSpec,
+    pub workload: PipelineWorkload,
+    pub restarts: Vec<RestartAt>,
+    pub limits: Limits,
+    pub max_wall: Duration,
+    /// The points of the scenario's `[sweep]`; empty when nothing is swept.
+    pub points: Vec<PipelinePoint>,
+}
+
+/// One point of a sweep.
+#[derive(Clone, Debug)]
+pub struct PipelinePoint {
+    pub label: String,
+    pub scenario: PipelineScenario,
+}
+
+/// The policy name of a decode mode in results.
+pub fn mode_name(m: DecodeMode) -> &'static str {
+    match m {
+        DecodeMode::Cached => "cached",
+        DecodeMode::Stateless => "stateless",
+    }
+}
+
+fn default_seed() -> u64 {
+    1
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Raw {
+    name: Option<String>,
+    #[serde(default = "default_seed")]
+    seed: u64,
+    policies: Vec<RawMode>,
+    #[serde(default)]
+    mode: RawHostMode,
+    pipeline: RawPipeline,
+    workload: RawWorkload,
+    #[serde(default)]
+    limits: RawLimits,
+    sweep: Option<toml::Table>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "kebab-case")]
+enum RawMode {
+    Cached,
+    Stateless,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+enum RawHostMode {
+    #[default]
+    Sim,
+    Live,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+enum RawCost {
+    #[default]
+    Analytic,
+    Profile,
+}
+
+fn default_max_sessions() -> usize {
+    16
+}
+fn default_ttl() -> f64 {
+    600.0
+}
+fn default_active() -> usize {
+    1
+}
+fn default_waiting() -> usize {
+    10_000
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPipeline {
+    model: String,
+    shards: Option<usize>,
+    layers: Option<Vec<[usize; 2]>>,
+    #[serde(default = "default_max_sessions")]
+    max_sessions: usize,
+    #[serde(default = "default_ttl")]
+    session_ttl_s: f64,
+    #[serde(default = "default_active")]
+    max_active_sessions: usize,
+    #[serde(default = "default_waiting")]
+    max_waiting_requests: usize,
+    #[serde(default)]
+    cost: RawCost,
+    profile: Option<String>,
+    gpu: Option<RawGpu>,
+    #[serde(default)]
+    step_overhead_us: f64,
+    link: RawPipeLink,
+    #[serde(default)]
+    restart: Vec<RawRestart>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPipeLink {
+    bandwidth_gb_per_s: f64,
+    latency_us: f64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRestart {
+    shard: usize,
+    request: u32,
+    after_tokens: u32,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWorkload {
+    requests: u32,
+    prompt_tokens: u32,
+    output_tokens: u32,
+    arrival_rate_per_s: f64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    #[serde(default = "default_max_events")]
+    max_events: u64,
+    #[serde(default = "default_max_sim_time")]
+    max_sim_time_s: f64,
+    #[serde(default = "default_max_wall")]
+    max_wall_s: f64,
+}
+
+fn default_max_events() -> u64 {
+    50_000_000
+}
+fn default_max_sim_time() -> f64 {
+    86_400.0
+}
+fn default_max_wall() -> f64 {
+    3_600.0
+}
+
+impl Default for RawLimits {
+    fn default() -> Self {
+        RawLimits {
+            max_events: default_max_events(),
+            max_sim_time_s: default_max_sim_time(),
+            max_wall_s: default_max_wall(),
+        }
+    }
+}
+
+/// Whether scenario `text` is a pipeline scenario (it has a top-level `pipeline` table).
+pub fn is_pipeline(text: &str) -> bool {
+    text.parse::<toml::Table>()
+        .map(|t| matches!(t.get("pipeline"), Some(toml::Value::Table(_))))
+        .unwrap_or(false)
+}
+
+/// The models a pipeline scenario can name: candle's test and bench configs, and the presets.
+pub fn model_by_name(name: &str) -> Option<TransformerConfig> {
+    match name {
+        "tiny" => Some(TransformerConfig::tiny()),
+        "tiny-qwen" => Some(TransformerConfig::tiny_qwen()),
+        "small" => Some(TransformerConfig::small()),
+        "mistral-7b-instruct-v0.2" => Some(TransformerConfig::mistral_7b_instruct_v0_2()),
+        "qwen2.5-0.5b" => Some(TransformerConfig::qwen2_5_0_5b()),
+        _ => None,
+    }
+}
+
+impl PipelineScenario {
+    /// Reads and validates a pipeline scenario file.
+    pub fn load(path: &Path) -> Result<PipelineScenario, ScenarioError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
+            file: file.clone(),
+            key: String::new(),
+            message: format!("cannot read: {e}"),
+            line_col: None,
+        })?;
+        let stem = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "pipeline".into());
+        let dir = path.parent().unwrap_or(Path::new("")).to_path_buf();
+        PipelineScenario::parse(&file, &stem, &dir, &text)
+    }
+
+    /// Parses and validates `text`; `dir` resolves relative paths.
+    pub fn parse(
+        file: &str,
+        default_name: &str,
+        dir: &Path,
+        text: &str,
+    ) -> Result<PipelineScenario, ScenarioError> {
+        let toml_err = |key: String, e: &toml::de::Error| ScenarioError {
+            file: file.to_string(),
+            key,
+            message: e.message().trim_end().to_string(),
+            line_col: e.span().map(|s| line_col(text, s.start)),
+        };
+        let de = toml::Deserializer::parse(text).map_err(|e| toml_err(String::new(), &e))?;
+        let raw: Raw = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let key = if path == "." { String::new() } else { path };
+            toml_err(key, e.inner())
+        })?;
+        let sweep = raw.sweep.clone();
+        let mut s = validate(file, default_name, dir, text, raw)?;
+        if let Some(sweep) = sweep {
+            for (label, point_text) in sweep_texts(file, text, &sweep)? {
+                let f = format!("{file} (sweep point {label})");
+                let mut scenario = PipelineScenario::parse(&f, &s.name, dir, &point_text)?;
+                scenario.name = s.name.clone();
+                s.points.push(PipelinePoint { label, scenario });
+            }
+            if s.points.iter().any(|p| p.scenario.live != s.live) {
+                return Err(Check { file }.err("sweep", "a sweep cannot change `mode`"));
+            }
+        }
+        Ok(s)
+    }
+
+    /// The points to run: the sweep's, or the scenario itself.
+    pub fn runs(&self) -> Vec<(Option<&str>, &PipelineScenario)> {
+        if self.points.is_empty() {
+            vec![(None, self)]
+        } else {
+            self.points
+                .iter()
+                .map(|p| (Some(p.label.as_str()), &p.scenario))
+                .collect()
+        }
+    }
+
+    /// The model numbers the sim backend needs, at this scenario's element size.
+    pub fn model_config(&self) -> ModelConfig {
+        let m = &self.model;
+        ModelConfig {
+            name: "pipeline",
+            layers: m.layers as u64,
+            hidden: m.hidden as u64,
+            ffn: m.ffn as u64,
+            heads: m.heads as u64,
+            kv_heads: m.kv_heads as u64,
+            head_dim: m.head_dim as u64,
+            vocab: m.vocab as u64,
+            bytes_per_element: self.bytes_per_element,
+            tied_embeddings: m.tied_embeddings,
+            qkv_bias: m.qkv_bias,
+        }
+    }
+}
+
+fn validate(
+    file: &str,
+    default_name: &str,
+    dir: &Path,
+    text: &str,
+    r: Raw,
+) -> Result<PipelineScenario, ScenarioError> {
+    let c = Check { file };
+    let name = r.name.unwrap_or_else(|| default_name.to_string());
+    let name_ok = !name.is_empty()
+        && name
+            .chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch))
+        && !name.starts_with('.');
+    if !name_ok {
+        return Err(c.err(
+            "name",
+            format!("expected letters, digits, '-', '_' or '.', found {name:?}"),
+        ));
+    }
+    if r.policies.is_empty() {
+        return Err(c.err("policies", "expected \"cached\" and/or \"stateless\""));
+    }
+    let mut sorted = r.policies.clone();
+    sorted.sort();
+    sorted.dedup();
+    if sorted.len() != r.policies.len() {
+        return Err(c.err("policies", "a decode mode is listed twice"));
+    }
+    let modes = r
+        .policies
+        .iter()
+        .map(|m| match m {
+            RawMode::Cached => DecodeMode::Cached,
+            RawMode::Stateless => DecodeMode::Stateless,
+        })
+        .collect();
+
+    let p = &r.pipeline;
+    let model = model_by_name(&p.model).ok_or_else(|| {
+        c.err(
+            "pipeline.model",
+            format!(
+                "unknown model {:?}; expected tiny, tiny-qwen, small, \
+                 mistral-7b-instruct-v0.2 or qwen2.5-0.5b",
+                p.model
+            ),
+        )
+    })?;
+    let layers = match (p.shards, &p.layers) {
+        (Some(n), None) => {
+            if n == 0 || n > model.layers || n > MAX_SHARDS {
+                return Err(c.err(
+                    "pipeline.shards",
+                    format!(
+                        "expected 1 to {} shards for {} layers, found {n}",
+                        model.layers.min(MAX_SHARDS),
+                        model.layers
+                    ),
+                ));
+            }
+            crate::live::split_layers(model.layers, n)
+                .map_err(|e| c.err("pipeline.shards", e.to_string()))?
+        }
+        (None, Some(l)) => {
+            let mut next = 0;
+            for (i, [a, b]) in l.iter().enumerate() {
+                if *a != next || b <= a {
+                    return Err(c.err(
+                        &format!("pipeline.layers[{i}]"),
+                        format!("expected [{next}, end] with end > {next}, found [{a}, {b}]"),
+                    ));
+                }
+                next = *b;
+            }
+            if next != model.layers || l.len() > MAX_SHARDS {
+                return Err(c.err(
+                    "pipeline.layers",
+                    format!(
+                        "the ranges must cover layers 0..{} in at most {MAX_SHARDS} shards",
+                        model.layers
+                    ),
+                ));
+            }
+            l.iter().map(|[a, b]| *a..*b).collect()
+        }
+        _ => {
+            return Err(c.err(
+                "pipeline",
+                "expected exactly one of `shards` (a count) and `layers` (ranges)",
+            ));
+        }
+    };
+    let sessions = |key: &str, v: usize| {
+        if (1..=MAX_SESSIONS).contains(&v) {
+            Ok(v)
+        } else {
+            Err(c.err(
+                key,
+                format!("expected an integer from 1 to {MAX_SESSIONS}, found {v}"),
+            ))
+        }
+    };
+    let cache = CacheLimits {
+        max_sessions: sessions("pipeline.max_sessions", p.max_sessions)?,
+        ttl: Nanos::from_secs_f64(c.positive("pipeline.session_ttl_s", p.session_ttl_s)?),
+    };
+    let max_active = sessions("pipeline.max_active_sessions", p.max_active_sessions)?;
+    if p.max_waiting_requests > MAX_REQUESTS as usize {
+        return Err(c.err(
+            "pipeline.max_waiting_requests",
+            format!("expected at most {MAX_REQUESTS}"),
+        ));
+    }
+    let live = r.mode == RawHostMode::Live;
+    let overhead_us = p.step_overhead_us;
+    if !(overhead_us.is_finite() && overhead_us >= 0.0) {
+        return Err(c.err(
+            "pipeline.step_overhead_us",
+            format!("expected a non-negative number, found {overhead_us}"),
+        ));
+    }
+    let cost = match p.cost {
+        RawCost::Analytic => {
+            if p.profile.is_some() {
+                return Err(c.err(
+                    "pipeline.profile",
+                    "a profile is only used with cost = \"profile\"",
+                ));
+            }
+            let g = p.gpu.as_ref().ok_or_else(|| {
+                c.err(
+                    "pipeline.gpu",
+                    "cost = \"analytic\" needs the shards' device as a [pipeline.gpu] table",
+                )
+            })?;
+            CostSource::Analytic {
+                gpu: gpu_spec(&c, "pipeline.gpu", g)?,
+                overhead: Nanos::from_secs_f64(overhead_us * 1e-6),
+            }
+        }
+        RawCost::Profile => {
+            return Err(c.err("pipeline.cost", "profiles are not supported yet"));
+        }
+    };
+    let link = LinkSpec {
+        bandwidth: c.positive("pipeline.link.bandwidth_gb_per_s", p.link.bandwidth_gb_per_s)?
+            * GB,
+        latency: {
+            let us = p.link.latency_us;
+            if !(us.is_finite() && (0.0..=1e6).contains(&us)) {
+                return Err(c.err(
+                    "pipeline.link.latency_us",
+                    format!("expected 0 to 1e6 microseconds, found {us}"),
+                ));
+            }
+            Nanos::from_secs_f64(us * 1e-6)
+        },
+    };
+    let w = &r.workload;
+    c.count("workload.requests", w.requests, MAX_REQUESTS)?;
+    c.count("workload.prompt_tokens", w.prompt_tokens, MAX_PIPELINE_TOKENS)?;
+    c.count("workload.output_tokens", w.output_tokens, MAX_PIPELINE_TOKENS)?;
+    let workload = PipelineWorkload {
+        requests: w.requests,
+        prompt_tokens: w.prompt_tokens,
+        output_tokens: w.output_tokens,
+        arrival_rate_per_s: c.positive("workload.arrival_rate_per_s", w.arrival_rate_per_s)?,
+    };
+    let mut restarts = Vec::with_capacity(p.restart.len());
+    for (i, x) in p.restart.iter().enumerate() {
+        let key = |f: &str| format!("pipeline.restart[{i}].{f}");
+        if x.shard >= layers.len() {
+            return Err(c.err(
+                &key("shard"),
+                format!("expected a shard below {}, found {}", layers.len(), x.shard),
+            ));
+        }
+        if x.request >= w.requests {
+            return Err(c.err(
+                &key("request"),
+                format!("expected a request below {}, found {}", w.requests, x.request),
+            ));
+        }
+        if x.after_tokens == 0 || x.after_tokens >= w.output_tokens {
+            return Err(c.err(
+                &key("after_tokens"),
+                format!(
+                    "expected 1 to {} (a restart between two tokens), found {}",
+                    w.output_tokens - 1,
+                    x.after_tokens
+                ),
+            ));
+        }
+        restarts.push(RestartAt {
+            request: x.request,
+            after_tokens: x.after_tokens,
+            shard: x.shard,
+        });
+    }
+    let l = &r.limits;
+    if l.max_events == 0 {
+        return Err(c.err("limits.max_events", "expected a positive integer"));
+    }
+    let limits = Limits {
+        max_events: l.max_events,
+        max_time: Nanos::from_secs_f64(c.positive("limits.max_sim_time_s", l.max_sim_time_s)?),
+        max_pending: 1_000_000,
+    };
+    let max_wall = Duration::from_secs_f64(c.positive("limits.max_wall_s", l.max_wall_s)?);
+    Ok(PipelineScenario {
+        name,
+        text: text.to_string(),
+        dir: dir.to_path_buf(),
+        seed: r.seed,
+        modes,
+        live,
+        model,
+        bytes_per_element: 4,
+        layers,
+        cache,
+        max_active,
+        max_waiting: p.max_waiting_requests,
+        cost,
+        link,
+        workload,
+        restarts,
+        limits,
+        max_wall,
+        points: Vec::new(),
+    })
+}
