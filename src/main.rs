@@ -59,6 +59,17 @@ enum Command {
         #[arg(long, short)]
         quiet: bool,
     },
+    /// Compare a simulated pipeline run with a live run of the same scenario (TTFT and TPOT
+    /// errors of the simulation); prints markdown, or writes it to --out.
+    Compare {
+        /// The simulated results folder.
+        sim: PathBuf,
+        /// The live results folder.
+        live: PathBuf,
+        /// Write the markdown here instead of stdout.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Validate a scenario and print what it derives, without running it.
     Check {
         /// The scenario file (TOML).
@@ -541,6 +552,26 @@ fn run(
     ExitCode::SUCCESS
 }
 
+fn compare(sim: &Path, live: &Path, out: Option<&Path>) -> ExitCode {
+    let md = match meshsim::pipeline::compare::compare(sim, live) {
+        Ok(md) => md,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_BAD_INPUT);
+        }
+    };
+    match out {
+        Some(path) => {
+            if let Err(e) = std::fs::write(path, &md) {
+                eprintln!("error: cannot write {}: {e}", path.display());
+                return ExitCode::from(EXIT_FAILED);
+            }
+        }
+        None => print!("{md}"),
+    }
+    ExitCode::SUCCESS
+}
+
 fn describe_pipeline(s: &PipelineScenario) {
     println!("pipeline scenario {} (seed {})", s.name, s.seed);
     let ranges: Vec<String> = s
@@ -797,11 +828,15 @@ fn main() -> ExitCode {
     };
     let quiet = match &cli.command {
         Command::Run { quiet, .. } | Command::Plot { quiet, .. } => *quiet,
-        Command::Check { .. } | Command::Trace { .. } | Command::Live(_) => false,
+        Command::Check { .. }
+        | Command::Trace { .. }
+        | Command::Live(_)
+        | Command::Compare { .. } => false,
     };
     init_logging(cli.verbose, quiet);
     match cli.command {
         Command::Plot { dir, quiet } => plot(&dir, quiet),
+        Command::Compare { sim, live, out } => compare(&sim, &live, out.as_deref()),
         Command::Live(args) => live_run(&args),
         Command::Run {
             scenario,

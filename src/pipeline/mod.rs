@@ -34,6 +34,7 @@
 //! request has generated a given number of tokens; the shard drops every session state (a
 //! restarted process with its weights still loaded), and the next decode step misses.
 
+pub mod compare;
 pub mod run;
 pub mod scenario;
 

@@ -1,0 +1,177 @@
+//! How far a simulation is from a live run of the same scenario.
+//!
+//! `meshsim compare SIM_DIR LIVE_DIR` reads the `requests.csv` of both results folders,
+//! matches requests by (sweep point, policy, request id), and reports per point and policy:
+//!
+//! * TTFT and TPOT p50 and p99 (nearest rank) of each run and the signed error of the
+//!   simulation, `(sim - live) / live`;
+//! * the mean absolute per-request TTFT error, `mean |sim_i - live_i| / live_i`, which also
+//!   catches errors that cancel out in the percentiles.
+//!
+//! Only requests completed in both runs are compared. Both folders must come from the same
+//! scenario and seed (the same trace), for instance `meshsim run S.toml` and
+//! `meshsim run S.toml --live`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use crate::metrics::nearest_rank;
+
+/// Why two results folders cannot be compared.
+#[derive(Debug, thiserror::Error)]
+pub enum CompareError {
+    #[error("{}: cannot read: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: line {line}: {msg}", path.display())]
+    Bad {
+        path: PathBuf,
+        line: usize,
+        msg: String,
+    },
+    #[error("no request completed in both runs")]
+    Nothing,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Times {
+    ttft: f64,
+    tpot: Option<f64>,
+}
+
+type Key = (String, String, u32);
+
+fn load(dir: &Path) -> Result<BTreeMap<Key, Times>, CompareError> {
+    let path = dir.join("requests.csv");
+    let text = std::fs::read_to_string(&path).map_err(|source| CompareError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    let bad = |line: usize, msg: String| CompareError::Bad {
+        path: path.clone(),
+        line,
+        msg,
+    };
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines
+        .next()
+        .ok_or_else(|| bad(1, "empty file".into()))?
+        .split(',')
+        .collect();
+    let col = |name: &str| header.iter().position(|h| *h == name);
+    let need = |name: &str| col(name).ok_or_else(|| bad(1, format!("no `{name}` column")));
+    let (policy, request, status, ttft, tpot) = (
+        need("policy")?,
+        need("request")?,
+        need("status")?,
+        need("ttft_ns")?,
+        need("tpot_ns")?,
+    );
+    let point = col("point");
+    let mut out = BTreeMap::new();
+    for (i, l) in lines.enumerate() {
+        let n = i + 2;
+        let f: Vec<&str> = l.split(',').collect();
+        if f.len() != header.len() {
+            return Err(bad(n, format!("{} fields, expected {}", f.len(), header.len())));
+        }
+        if f[status] != "ok" {
+            continue;
+        }
+        let num = |c: usize| -> Result<f64, CompareError> {
+            f[c].parse::<u64>()
+                .map(|v| v as f64 / 1e6)
+                .map_err(|_| bad(n, format!("`{}` is not a whole number of ns", f[c])))
+        };
+        let id: u32 = f[request]
+            .parse()
+            .map_err(|_| bad(n, format!("bad request id `{}`", f[request])))?;
+        let t = Times {
+            ttft: num(ttft)?,
+            tpot: if f[tpot].is_empty() {
+                None
+            } else {
+                Some(num(tpot)?)
+            },
+        };
+        let p = point.map(|c| f[c].to_string()).unwrap_or_default();
+        out.insert((p, f[policy].to_string(), id), t);
+    }
+    Ok(out)
+}
+
+fn pct(sim: f64, live: f64) -> String {
+    if live > 0.0 {
+        format!("{:+.1}%", 100.0 * (sim - live) / live)
+    } else {
+        "-".into()
+    }
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+/// A markdown report comparing the simulated folder `sim` with the live folder `live`.
+pub fn compare(sim: &Path, live: &Path) -> Result<String, CompareError> {
+    let a = load(sim)?;
+    let b = load(live)?;
+    let mut groups: BTreeMap<(String, String), Vec<(Times, Times)>> = BTreeMap::new();
+    for (k, s) in &a {
+        if let Some(l) = b.get(k) {
+            groups
+                .entry((k.0.clone(), k.1.clone()))
+                .or_default()
+                .push((*s, *l));
+        }
+    }
+    if groups.is_empty() {
+        return Err(CompareError::Nothing);
+    }
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "# Simulation against live run\n\nsimulated: `{}`; live: `{}`. Times in ms; error = (sim - live) / live.\n",
+        sim.display(),
+        live.display()
+    );
+    let _ = writeln!(
+        md,
+        "| point | policy | requests | TTFT p50 sim | live | error | TTFT p99 sim | live | error | mean abs. TTFT error | TPOT p50 sim | live | error |"
+    );
+    let _ = writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for ((point, policy), pairs) in &groups {
+        let st = sorted(pairs.iter().map(|p| p.0.ttft).collect());
+        let lt = sorted(pairs.iter().map(|p| p.1.ttft).collect());
+        let sp = sorted(pairs.iter().filter_map(|p| p.0.tpot).collect());
+        let lp = sorted(pairs.iter().filter_map(|p| p.1.tpot).collect());
+        let mape = pairs
+            .iter()
+            .filter(|p| p.1.ttft > 0.0)
+            .map(|p| (p.0.ttft - p.1.ttft).abs() / p.1.ttft)
+            .sum::<f64>()
+            / pairs.len() as f64;
+        let q = |v: &[f64], q: f64| if v.is_empty() { 0.0 } else { nearest_rank(v, q) };
+        let _ = writeln!(
+            md,
+            "| {} | {policy} | {} | {:.1} | {:.1} | {} | {:.1} | {:.1} | {} | {:.1}% | {:.2} | {:.2} | {} |",
+            if point.is_empty() { "-" } else { point },
+            pairs.len(),
+            q(&st, 50.0),
+            q(&lt, 50.0),
+            pct(q(&st, 50.0), q(&lt, 50.0)),
+            q(&st, 99.0),
+            q(&lt, 99.0),
+            pct(q(&st, 99.0), q(&lt, 99.0)),
+            100.0 * mape,
+            q(&sp, 50.0),
+            q(&lp, 50.0),
+            pct(q(&sp, 50.0), q(&lp, 50.0)),
+        );
+    }
+    Ok(md)
+}
