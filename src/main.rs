@@ -779,7 +779,12 @@ fn plot(dir: &Path, quiet: bool) -> ExitCode {
                     files.len(),
                     dir.display(),
                     started.elapsed().as_secs_f64(),
-                    meshsim::plot::output_files().join(", ")
+                    files
+                        .iter()
+                        .filter_map(|f| f.file_name())
+                        .map(|f| f.to_string_lossy())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 );
             }
             ExitCode::SUCCESS

@@ -288,17 +288,17 @@ pub fn write_results_dir(
         std::fs::remove_dir_all(&tmp)?;
     }
     std::fs::create_dir_all(&tmp)?;
-    let result = (|| -> std::io::Result<Duration> {
+    let result = (|| -> std::io::Result<(Duration, Vec<PathBuf>)> {
         std::fs::write(tmp.join("scenario.toml"), text)?;
         let f = std::io::BufWriter::new(std::fs::File::create(tmp.join("requests.csv"))?);
         write_requests(f, records).map_err(std::io::Error::other)?;
         let f = std::io::BufWriter::new(std::fs::File::create(tmp.join("summary.csv"))?);
         write_summary(f, summaries).map_err(std::io::Error::other)?;
         let started = Instant::now();
-        crate::plot::render(&tmp).map_err(std::io::Error::other)?;
-        Ok(started.elapsed())
+        let files = crate::plot::render(&tmp).map_err(std::io::Error::other)?;
+        Ok((started.elapsed(), files))
     })();
-    let plot_time = match result {
+    let (plot_time, files) = match result {
         Ok(r) => r,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&tmp);
@@ -311,8 +311,9 @@ pub fn write_results_dir(
     std::fs::rename(&tmp, dir)?;
     Ok(Written {
         plot_time,
-        plot_files: crate::plot::output_files()
+        plot_files: files
             .iter()
+            .filter_map(|f| f.file_name())
             .map(|f| dir.join(f))
             .collect(),
     })

@@ -7,8 +7,12 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use meshsim::metrics::write::{write_requests, write_summary};
+use meshsim::metrics::{Report, RequestRecord, Summary};
 use meshsim::plot::{Figure, Results, output_files};
 use meshsim::run::write_results;
+use meshsim::units::Nanos;
+use meshsim::workload::{ReqId, Request};
 
 /// Runs the small scenario and writes its results (CSV, plots, report) into `<tmp>/out`.
 fn results() -> (tempfile::TempDir, PathBuf) {
@@ -55,7 +59,7 @@ fn dark_pixels(rgb: &[u8], width: u32, rows: std::ops::Range<u32>) -> usize {
 #[test]
 fn a_run_writes_every_plot_and_the_report() {
     let (_tmp, out) = results();
-    for f in output_files() {
+    for f in output_files(&out) {
         let bytes = read(&out, &f);
         if f.ends_with(".png") {
             assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "{f} is not a PNG");
@@ -88,12 +92,12 @@ fn a_run_writes_every_plot_and_the_report() {
 fn plots_are_byte_identical_for_identical_csv_files() {
     let (_a, a) = results();
     let (_b, b) = results();
-    for f in output_files() {
+    for f in output_files(&a) {
         assert!(read(&a, &f) == read(&b, &f), "{f} differs between two runs");
     }
     // `meshsim plot` redraws from the CSV files alone: the same bytes again.
-    let before: Vec<Vec<u8>> = output_files().iter().map(|f| read(&a, f)).collect();
-    for f in output_files() {
+    let before: Vec<Vec<u8>> = output_files(&a).iter().map(|f| read(&a, f)).collect();
+    for f in output_files(&a) {
         std::fs::remove_file(a.join(&f)).unwrap();
     }
     let out = meshsim_plot(&a);
@@ -103,7 +107,7 @@ fn plots_are_byte_identical_for_identical_csv_files() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for (f, old) in output_files().iter().zip(before) {
+    for (f, old) in output_files(&a).iter().zip(before) {
         assert!(
             read(&a, f) == old,
             "{f} differs when redrawn by meshsim plot"
@@ -114,7 +118,7 @@ fn plots_are_byte_identical_for_identical_csv_files() {
 #[test]
 fn the_title_is_drawn_with_the_embedded_font_without_system_fonts() {
     let (tmp, out) = results();
-    for f in output_files() {
+    for f in output_files(&out) {
         std::fs::remove_file(out.join(&f)).unwrap();
     }
     // An empty fontconfig configuration and font path: no font can come from the system.
@@ -283,6 +287,7 @@ fn figures_draw_when_no_request_completed() {
             tpot_ms: vec![],
         }],
         scenario: None,
+        tps_output: None,
     };
     for f in Figure::ALL {
         assert!(f.png(&r).is_ok(), "{}", f.stem());
@@ -293,4 +298,192 @@ fn figures_draw_when_no_request_completed() {
         report.contains("No policy completed any request."),
         "{report}"
     );
+}
+
+/// One policy's requests at one output length of a hand-made pipeline result: each completed
+/// request ends `e2e_s[i]` seconds after it arrived.
+fn pipeline_records(first_id: u32, output_tokens: u32, e2e_s: &[u64]) -> Vec<RequestRecord> {
+    let mut records: Vec<RequestRecord> = e2e_s
+        .iter()
+        .enumerate()
+        .map(|(i, &e2e)| {
+            let request = Request {
+                arrival: Nanos(1_000_000_000 * i as u64),
+                segments: vec![],
+                prompt_tokens: 100,
+                output_tokens,
+                context: 0,
+            };
+            let mut r = RequestRecord::new(ReqId(first_id + i as u32), &request);
+            r.instance = 0;
+            r.admitted = Some(r.arrival);
+            r.first_token = Some(r.arrival + Nanos(10_000_000));
+            r.end = Some(r.arrival + Nanos(e2e * 1_000_000_000));
+            r
+        })
+        .collect();
+    // An unfinished and a rejected request: not counted.
+    let mut unfinished = RequestRecord::new(
+        ReqId(first_id + 100),
+        &Request {
+            arrival: Nanos(0),
+            segments: vec![],
+            prompt_tokens: 100,
+            output_tokens,
+            context: 0,
+        },
+    );
+    records.push(unfinished.clone());
+    unfinished.id += 1;
+    unfinished.rejected = true;
+    records.push(unfinished);
+    records
+}
+
+/// Writes a pipeline results folder by hand: policies `cached` and `stateless`, swept over
+/// 64, 128 and 512 output tokens, three completed requests per point. Median TPS (output
+/// tokens / e2e): cached 64 / 1 s, 128 / 2 s, 512 / 5 s = 102.4; stateless 64 / 2 s,
+/// 128 / 8 s, 512 / 50 s = 10.24.
+fn pipeline_results(dir: &Path, scenario: Option<&str>) {
+    std::fs::create_dir_all(dir).unwrap();
+    // Seconds from arrival to end of each request, per policy, at 64, 128 and 512 tokens.
+    let cases = [
+        ("cached", [[1, 1, 3], [1, 2, 4], [4, 5, 6]]),
+        ("stateless", [[2, 2, 2], [6, 8, 9], [40, 50, 80]]),
+    ];
+    let mut runs: Vec<(String, &str, Vec<RequestRecord>)> = Vec::new();
+    let mut summaries = Vec::new();
+    for (length_index, length) in [64u32, 128, 512].into_iter().enumerate() {
+        for (policy, e2e) in &cases {
+            let records = pipeline_records(1000 * length_index as u32, length, &e2e[length_index]);
+            let point = format!("output_tokens={length}");
+            let report = Report {
+                records: records.clone(),
+                ..Report::default()
+            };
+            let mut summary = Summary::new(policy, &report, 0);
+            summary.point = Some(point.clone());
+            summaries.push(summary);
+            runs.push((point, policy, records));
+        }
+    }
+    let rows: Vec<(Option<&str>, &str, &[RequestRecord])> = runs
+        .iter()
+        .map(|(point, policy, records)| (Some(point.as_str()), *policy, records.as_slice()))
+        .collect();
+    let f = std::fs::File::create(dir.join("requests.csv")).unwrap();
+    write_requests(f, &rows).unwrap();
+    let f = std::fs::File::create(dir.join("summary.csv")).unwrap();
+    write_summary(f, &summaries).unwrap();
+    if let Some(text) = scenario {
+        std::fs::write(dir.join("scenario.toml"), text).unwrap();
+    }
+}
+
+const PIPELINE_SCENARIO: &str = "name = \"pipe\"\nseed = 7\n\n[pipeline]\nstages = 2\n";
+
+#[test]
+fn pipeline_results_get_tps_against_output_length() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("pipe");
+    pipeline_results(&dir, Some(PIPELINE_SCENARIO));
+    let written = meshsim::plot::render(&dir).unwrap();
+    let names: Vec<String> = written
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, output_files(&dir));
+    assert!(names.contains(&"tps_output.png".to_string()), "{names:?}");
+    assert!(names.contains(&"tps_output.svg".to_string()), "{names:?}");
+
+    let png = read(&dir, "tps_output.png");
+    let (w, h, rgb) = decode_png(&png);
+    assert_eq!((w, h), Figure::TpsOutput.size());
+    assert!(dark_pixels(&rgb, w, 0..45) > 300, "the title is drawn");
+    let svg = String::from_utf8(read(&dir, "tps_output.svg")).unwrap();
+    for text in [
+        "cached (n = 9)",
+        "stateless (n = 9)",
+        "output tokens/s per request (median)",
+        "\noutput tokens\n",
+        "\n512\n",
+    ] {
+        assert!(svg.contains(text), "`{text}` not in tps_output.svg");
+    }
+
+    let r = Results::load(&dir).unwrap();
+    let series = r.tps_output.as_ref().unwrap();
+    assert_eq!(series.len(), 2);
+    assert_eq!(series[0].policy, "cached");
+    assert_eq!(series[0].rest, None);
+    let medians: Vec<(u32, f64)> = series[1]
+        .points
+        .iter()
+        .map(|p| (p.to, p.median_tps))
+        .collect();
+    assert_eq!(medians, vec![(64, 32.0), (128, 16.0), (512, 10.24)]);
+
+    let report = String::from_utf8(read(&dir, "report.md")).unwrap();
+    assert!(
+        report.contains(
+            "At 512 output tokens, `cached` generates 102.4 tokens/s per request against 10.2 \
+             for `stateless` (10.0x)."
+        ),
+        "{report}"
+    );
+    assert!(report.contains("](tps_output.png)"), "{report}");
+
+    // Redrawing gives the same bytes.
+    let before: Vec<Vec<u8>> = names.iter().map(|f| read(&dir, f)).collect();
+    let out = meshsim_plot(&dir);
+    assert_eq!(out.status.code(), Some(0));
+    for (f, old) in names.iter().zip(before) {
+        assert!(read(&dir, f) == old, "{f} differs when redrawn");
+    }
+}
+
+#[test]
+fn other_results_get_no_tps_figure() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (name, scenario) in [
+        (
+            "plain",
+            Some("name = \"plain\"\npipeline = \"not a table\"\n"),
+        ),
+        ("no-scenario", None),
+    ] {
+        let dir = tmp.path().join(name);
+        pipeline_results(&dir, scenario);
+        let written = meshsim::plot::render(&dir).unwrap();
+        assert_eq!(written.len(), 2 * Figure::ALL.len() + 1, "{name}");
+        assert!(!output_files(&dir).iter().any(|f| f.contains("tps_output")));
+        assert!(!dir.join("tps_output.png").exists(), "{name}");
+        assert!(!dir.join("tps_output.svg").exists(), "{name}");
+        let report = String::from_utf8(read(&dir, "report.md")).unwrap();
+        assert!(!report.contains("tps_output"), "{report}");
+        assert!(!report.contains("tokens/s per request"), "{report}");
+        assert!(Results::load(&dir).unwrap().tps_output.is_none());
+    }
+}
+
+#[test]
+fn one_policy_gets_the_figure_without_a_comparison() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("pipe");
+    pipeline_results(&dir, Some(PIPELINE_SCENARIO));
+    // Keep the header and the `cached` rows only.
+    for file in ["requests.csv", "summary.csv"] {
+        let text = String::from_utf8(read(&dir, file)).unwrap();
+        let kept: String = text
+            .lines()
+            .filter(|l| !l.contains(",stateless,"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        std::fs::write(dir.join(file), kept).unwrap();
+    }
+    meshsim::plot::render(&dir).unwrap();
+    assert!(dir.join("tps_output.svg").exists());
+    let report = String::from_utf8(read(&dir, "report.md")).unwrap();
+    assert!(!report.contains("tokens/s per request against"), "{report}");
+    assert!(report.contains("](tps_output.png)"), "{report}");
 }

@@ -10,7 +10,7 @@ use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint, Ranged};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use super::data::{Latencies, Results, SummaryRow};
+use super::data::{Latencies, Results, SummaryRow, TpsSeries};
 use super::font::FAMILY;
 use crate::policy::Tier;
 
@@ -636,6 +636,118 @@ where
     Ok(())
 }
 
+/// A logarithmic axis from `lo` to `hi` (both > 0) with ticks at given values only (the
+/// output lengths present), thinned evenly when there are more than the axis has room for.
+#[derive(Clone)]
+struct TickedLogAxis {
+    lo: f64,
+    hi: f64,
+    ticks: Vec<f64>,
+}
+
+impl Ranged for TickedLogAxis {
+    type FormatOption = DefaultFormatting;
+    type ValueType = f64;
+
+    fn map(&self, v: &f64, limit: (i32, i32)) -> i32 {
+        LogAxis {
+            lo: self.lo,
+            hi: self.hi,
+        }
+        .map(v, limit)
+    }
+
+    fn key_points<H: KeyPointHint>(&self, hint: H) -> Vec<f64> {
+        let step = self
+            .ticks
+            .len()
+            .div_ceil(hint.max_num_points().max(1))
+            .max(1);
+        self.ticks.iter().copied().step_by(step).collect()
+    }
+
+    fn range(&self) -> std::ops::Range<f64> {
+        self.lo..self.hi
+    }
+}
+
+/// For pipeline results: the median per-request output tokens per second (output tokens /
+/// (end - arrival)) of each policy against output length, on a logarithmic length axis.
+pub(crate) fn tps_output<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    r: &Results,
+) -> DrawResult
+where
+    DB::ErrorType: 'static,
+{
+    let area = panels(
+        root,
+        "Per-request output tokens per second against output length",
+        1,
+    )?
+    .remove(0);
+    let series: &[TpsSeries] = r.tps_output.as_deref().unwrap_or(&[]);
+    let points = || series.iter().flat_map(|s| &s.points);
+    let mut ticks: Vec<f64> = points().map(|p| f64::from(p.to)).collect();
+    ticks.sort_by(f64::total_cmp);
+    ticks.dedup();
+    let (lo, hi) = match (ticks.first(), ticks.last()) {
+        (Some(&a), Some(&b)) => (a / std::f64::consts::SQRT_2, b * std::f64::consts::SQRT_2),
+        _ => (1.0, 1024.0),
+    };
+    let x_desc = if points().any(|p| p.from != p.to) {
+        "output tokens (power-of-two bins, shown at their longest length)"
+    } else {
+        "output tokens"
+    };
+    let max = points().map(|p| p.median_tps).fold(0.0, f64::max);
+    // Head room for the legend above the lines.
+    let top = if max > 0.0 { max * 1.3 } else { 1.0 };
+    let mut chart = ChartBuilder::on(&area)
+        .margin(20)
+        .x_label_area_size(55)
+        .y_label_area_size(80)
+        .build_cartesian_2d(TickedLogAxis { lo, hi, ticks }, 0.0..top)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc("output tokens/s per request (median)")
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| tick(*v, top))
+        .label_style(text(LABEL_SIZE))
+        .axis_desc_style(text(DESC_SIZE))
+        .bold_line_style(BLACK.mix(0.12))
+        .light_line_style(TRANSPARENT)
+        .draw()?;
+    // Policy colours, unless a policy has several series (other swept keys).
+    let one_per_policy = series
+        .iter()
+        .enumerate()
+        .all(|(i, s)| series[..i].iter().all(|o| o.policy != s.policy));
+    for (i, s) in series.iter().enumerate() {
+        let color = if one_per_policy {
+            policy_color(r, &s.policy)
+        } else {
+            PALETTE[i % PALETTE.len()]
+        };
+        let xy: Vec<(f64, f64)> = s
+            .points
+            .iter()
+            .map(|p| (f64::from(p.to), p.median_tps))
+            .collect();
+        chart
+            .draw_series(LineSeries::new(xy.clone(), color.stroke_width(3)))?
+            .label(format!("{} (n = {})", s.label(), s.requests()))
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3))
+            });
+        chart.draw_series(xy.into_iter().map(|xy| Circle::new(xy, 5, color.filled())))?;
+    }
+    legend(&mut chart, SeriesLabelPosition::UpperRight)?;
+    root.present()?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -674,5 +786,17 @@ mod tests {
             wide.key_points(12),
             vec![1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6]
         );
+    }
+
+    #[test]
+    fn ticked_log_axis_keeps_its_ticks_and_thins_them() {
+        let a = TickedLogAxis {
+            lo: 40.0,
+            hi: 800.0,
+            ticks: vec![64.0, 128.0, 512.0],
+        };
+        assert_eq!(a.key_points(10), vec![64.0, 128.0, 512.0]);
+        assert_eq!(a.key_points(2), vec![64.0, 512.0]);
+        assert!(a.map(&64.0, (0, 100)) < a.map(&128.0, (0, 100)));
     }
 }

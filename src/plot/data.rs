@@ -3,13 +3,18 @@
 //! Plots and the report are made from these files alone, so `meshsim plot` can redo them
 //! without the simulation. Columns are found by their header name, never by position, so
 //! columns added later (such as a sweep's `point`) do not break older readers.
+//!
+//! For pipeline (generation-cache) results, those whose `scenario.toml` has a top-level
+//! `[pipeline]` table, `requests.csv` also gives each completed request's output tokens per
+//! second, `output_tokens / (end - arrival)` in seconds (`end - arrival` is the `e2e_ns`
+//! column), grouped by policy and output length into medians ([`TpsSeries`]).
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use crate::policy::Tier;
 
-use super::PlotError;
+use super::{Figure, PlotError};
 
 /// One row of `summary.csv`: the figures the charts and the report use.
 #[derive(Clone, Debug, PartialEq)]
@@ -52,6 +57,117 @@ pub struct Latencies {
     pub tpot_ms: Vec<f64>,
 }
 
+/// The median per-request output tokens per second of the completed requests of one output
+/// length (or one range of lengths).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TpsPoint {
+    /// The shortest output length in the group (equal to `to` unless lengths are binned).
+    pub from: u32,
+    /// The longest output length in the group: the point's x value.
+    pub to: u32,
+    /// The median of `output_tokens / (end - arrival)` (seconds) over the group's requests.
+    pub median_tps: f64,
+    /// How many completed requests the group holds.
+    pub requests: usize,
+}
+
+impl TpsPoint {
+    /// The output lengths of the point as text: `512`, or `257 to 512` for a bin.
+    pub fn lengths(&self) -> String {
+        if self.from == self.to {
+            self.to.to_string()
+        } else {
+            format!("{} to {}", self.from, self.to)
+        }
+    }
+}
+
+/// Median per-request output tokens per second against output length, for one policy (and
+/// one sweep point when something other than the output length is swept).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TpsSeries {
+    /// The `policy` column.
+    pub policy: String,
+    /// The sweep point without its `output_tokens=...` part; `None` when nothing else is
+    /// swept.
+    pub rest: Option<String>,
+    /// One point per output length (or bin of lengths), by increasing length.
+    pub points: Vec<TpsPoint>,
+}
+
+impl TpsSeries {
+    /// The series' name on a chart or in the report: `policy`, or `policy @ rest`.
+    pub fn label(&self) -> String {
+        match &self.rest {
+            Some(r) => format!("{} @ {r}", self.policy),
+            None => self.policy.clone(),
+        }
+    }
+
+    /// Completed requests over all points.
+    pub fn requests(&self) -> usize {
+        self.points.iter().map(|p| p.requests).sum()
+    }
+}
+
+/// With more distinct output lengths than this in a results folder, lengths are grouped into
+/// power-of-two bins (`(2^(k-1), 2^k]`), so each point still holds many requests.
+pub const MAX_TPS_LENGTHS: usize = 16;
+
+/// Groups per-request `(output tokens, tokens per second)` samples by output length and takes
+/// the median of each group (the mean of the two middle values for an even count). With
+/// `binned`, a length `n` falls in the bin `(n.next_power_of_two() / 2, n.next_power_of_two()]`.
+/// Points come by increasing length.
+pub fn median_tps_by_length(samples: &[(u32, f64)], binned: bool) -> Vec<TpsPoint> {
+    let bin = |n: u32| {
+        if binned {
+            let to = n.checked_next_power_of_two().unwrap_or(u32::MAX);
+            (if to <= 1 { to } else { to / 2 + 1 }, to)
+        } else {
+            (n, n)
+        }
+    };
+    let mut sorted: Vec<(u32, u32, f64)> = samples
+        .iter()
+        .map(|&(n, tps)| {
+            let (from, to) = bin(n);
+            (from, to, tps)
+        })
+        .collect();
+    sorted.sort_by(|a, b| a.1.cmp(&b.1).then(a.2.total_cmp(&b.2)));
+    sorted
+        .chunk_by(|a, b| a.1 == b.1)
+        .map(|group| {
+            let n = group.len();
+            let median = if n % 2 == 1 {
+                group[n / 2].2
+            } else {
+                (group[n / 2 - 1].2 + group[n / 2].2) / 2.0
+            };
+            TpsPoint {
+                from: group[0].0,
+                to: group[0].1,
+                median_tps: median,
+                requests: n,
+            }
+        })
+        .collect()
+}
+
+/// Whether a scenario is a pipeline (generation-cache) scenario: it has a top-level
+/// `[pipeline]` table.
+pub fn is_pipeline(scenario: &toml::Value) -> bool {
+    scenario.get("pipeline").is_some_and(toml::Value::is_table)
+}
+
+/// `dir/scenario.toml` parsed, when present and valid TOML.
+pub(crate) fn read_scenario(dir: &Path) -> Option<toml::Value> {
+    std::fs::read_to_string(dir.join("scenario.toml"))
+        .ok()
+        .and_then(|t| t.parse::<toml::Table>().ok())
+        .map(toml::Value::Table)
+}
+
 /// Everything a results folder holds that plots and the report need.
 #[derive(Clone, Debug)]
 pub struct Results {
@@ -61,6 +177,10 @@ pub struct Results {
     pub latencies: Vec<Latencies>,
     /// `scenario.toml`, when present and valid TOML (the report tolerates its absence).
     pub scenario: Option<toml::Value>,
+    /// For pipeline results ([`is_pipeline`]): median per-request output tokens per second
+    /// against output length, one series per policy in order of first appearance in
+    /// `requests.csv`. `None` for other results; the `tps_output` figure is drawn when `Some`.
+    pub tps_output: Option<Vec<TpsSeries>>,
 }
 
 impl Results {
@@ -73,17 +193,31 @@ impl Results {
             });
         }
         let summary = read_summary(&dir.join("summary.csv"))?;
-        let latencies = read_requests(&dir.join("requests.csv"))?;
-        let scenario = std::fs::read_to_string(dir.join("scenario.toml"))
-            .ok()
-            .and_then(|t| t.parse::<toml::Table>().ok())
-            .map(toml::Value::Table);
+        let scenario = read_scenario(dir);
+        let pipeline = scenario.as_ref().is_some_and(is_pipeline);
+        let (latencies, tps_output) = read_requests(&dir.join("requests.csv"), pipeline)?;
         Ok(Results {
             summary,
             latencies,
             scenario,
+            tps_output,
         })
     }
+
+    /// The figures drawn for these results: [`Figure::ALL`], then [`Figure::TpsOutput`] for
+    /// pipeline results.
+    pub fn figures(&self) -> Vec<Figure> {
+        figures(self.tps_output.is_some())
+    }
+}
+
+/// The figures drawn for pipeline or other results.
+pub(crate) fn figures(pipeline: bool) -> Vec<Figure> {
+    let mut v = Figure::ALL.to_vec();
+    if pipeline {
+        v.push(Figure::TpsOutput);
+    }
+    v
 }
 
 /// A CSV file being read: its path and its header, to find columns and name errors.
@@ -227,13 +361,38 @@ fn read_summary(path: &Path) -> Result<Vec<SummaryRow>, PlotError> {
     Ok(rows)
 }
 
-fn read_requests(path: &Path) -> Result<Vec<Latencies>, PlotError> {
+/// The sweep point `point` without its `output_tokens=...` part (points are `key=value`
+/// parts joined by spaces); `None` when nothing is left.
+fn point_rest(point: &str) -> Option<String> {
+    let rest: Vec<&str> = point
+        .split(' ')
+        .filter(|part| {
+            !part.is_empty() && part.split_once('=').map(|(k, _)| k) != Some("output_tokens")
+        })
+        .collect();
+    (!rest.is_empty()).then(|| rest.join(" "))
+}
+
+/// Per-request `(output tokens, tokens per second)` samples of one policy (and point rest).
+type TpsSamples = ((String, Option<String>), Vec<(u32, f64)>);
+
+/// Reads `requests.csv`: latencies per policy, and with `pipeline`, the TPS series.
+fn read_requests(
+    path: &Path,
+    pipeline: bool,
+) -> Result<(Vec<Latencies>, Option<Vec<TpsSeries>>), PlotError> {
     let (t, mut reader) = Table::open(path)?;
     let policy = t.column("policy")?;
     let point = t.optional_column("point");
     let status = t.column("status")?;
     let ttft = t.column("ttft_ns")?;
     let tpot = t.column("tpot_ns")?;
+    let tps_columns = if pipeline {
+        Some((t.column("output_tokens")?, t.column("e2e_ns")?))
+    } else {
+        None
+    };
+    let mut tps: Vec<TpsSamples> = Vec::new();
     let mut out: Vec<Latencies> = Vec::new();
     let mut rec = csv::StringRecord::new();
     while reader
@@ -269,10 +428,98 @@ fn read_requests(path: &Path) -> Result<Vec<Latencies>, PlotError> {
             let tpot_ns: u64 = t.parse(&rec, tpot, "nanoseconds")?;
             out[i].tpot_ms.push(tpot_ns as f64 / 1e6);
         }
+        if let Some((tokens, e2e)) = tps_columns {
+            let key = (
+                rec.get(policy).unwrap_or("").to_string(),
+                point.and_then(|col| point_rest(rec.get(col).unwrap_or(""))),
+            );
+            let tokens: u32 = t.parse(&rec, tokens, "a token count")?;
+            let e2e_ns: u64 = t.parse(&rec, e2e, "nanoseconds")?;
+            // A request without output or without duration has no rate.
+            if tokens > 0 && e2e_ns > 0 {
+                let sample = (tokens, tokens as f64 / (e2e_ns as f64 / 1e9));
+                match tps.iter().rposition(|(k, _)| *k == key) {
+                    Some(j) => tps[j].1.push(sample),
+                    None => tps.push((key, vec![sample])),
+                }
+            }
+        }
     }
     for l in &mut out {
         l.ttft_ms.sort_by(f64::total_cmp);
         l.tpot_ms.sort_by(f64::total_cmp);
     }
-    Ok(out)
+    let tps_output = tps_columns.map(|_| {
+        let mut lengths: Vec<u32> = tps
+            .iter()
+            .flat_map(|(_, s)| s.iter().map(|x| x.0))
+            .collect();
+        lengths.sort_unstable();
+        lengths.dedup();
+        let binned = lengths.len() > MAX_TPS_LENGTHS;
+        tps.into_iter()
+            .map(|((policy, rest), samples)| TpsSeries {
+                policy,
+                rest,
+                points: median_tps_by_length(&samples, binned),
+            })
+            .collect()
+    });
+    Ok((out, tps_output))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tps_is_grouped_by_output_length_with_medians() {
+        let samples = [
+            (64, 10.0),
+            (512, 3.0),
+            (64, 30.0),
+            (128, 7.0),
+            (64, 20.0),
+            (512, 1.0),
+        ];
+        let p = median_tps_by_length(&samples, false);
+        let point = |n, median_tps, requests| TpsPoint {
+            from: n,
+            to: n,
+            median_tps,
+            requests,
+        };
+        assert_eq!(
+            p,
+            vec![point(64, 20.0, 3), point(128, 7.0, 1), point(512, 2.0, 2)]
+        );
+        assert!(median_tps_by_length(&[], false).is_empty());
+        // Binned: 100 and 128 share (64, 128]; 1 is alone in [1, 1].
+        let b = median_tps_by_length(&[(100, 4.0), (128, 8.0), (1, 5.0)], true);
+        assert_eq!(
+            b,
+            vec![
+                point(1, 5.0, 1),
+                TpsPoint {
+                    from: 65,
+                    to: 128,
+                    median_tps: 6.0,
+                    requests: 2
+                }
+            ]
+        );
+        assert_eq!(b[1].lengths(), "65 to 128");
+        assert_eq!(b[0].lengths(), "1");
+    }
+
+    #[test]
+    fn the_output_length_is_taken_out_of_sweep_points() {
+        assert_eq!(point_rest("output_tokens=64"), None);
+        assert_eq!(
+            point_rest("stages=2 output_tokens=64"),
+            Some("stages=2".to_string())
+        );
+        assert_eq!(point_rest(""), None);
+        assert_eq!(point_rest("rate=3"), Some("rate=3".to_string()));
+    }
 }

@@ -13,9 +13,17 @@
 //! * `prefix_hits`: the prefix-hit ratio (reused / prompt tokens) per policy (left), and the
 //!   reused prompt tokens split by the tier they came from (GPU, local host memory, local SSD,
 //!   remote host memory, remote SSD) per policy (right).
+//! * `tps_output`, only for pipeline (generation-cache) results, those whose `scenario.toml`
+//!   has a top-level `[pipeline]` table: per-request output tokens per second against output
+//!   length, one line per policy. A request's TPS is `output_tokens / (end - arrival)` in
+//!   seconds (its `output_tokens` over its `e2e_ns`), over completed requests; each point is
+//!   the median TPS of the policy's requests of that output length (with more than
+//!   [`MAX_TPS_LENGTHS`] distinct lengths, of a power-of-two bin of lengths).
 //!
 //! `report.md` describes the scenario, tabulates the summary per policy, names the policy with
-//! the lowest TTFT p50 and p99 and by how much, and embeds the PNG files.
+//! the lowest TTFT p50 and p99 and by how much, and embeds the PNG files. For pipeline results
+//! it also compares the fastest and the slowest policy's median TPS at the longest output
+//! length both have.
 //!
 //! Figures are pure functions of the CSV files: the same files give the same bytes (the font
 //! is embedded (`font.rs`); PNG encoding has fixed settings; SVG numbers are formatted by
@@ -32,7 +40,10 @@ use std::path::{Path, PathBuf};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-pub use data::{Latencies, Results, SummaryRow};
+pub use data::{
+    Latencies, MAX_TPS_LENGTHS, Results, SummaryRow, TpsPoint, TpsSeries, is_pipeline,
+    median_tps_by_length,
+};
 pub use report::report_markdown;
 
 /// Why plots or the report could not be made.
@@ -77,9 +88,13 @@ pub enum Figure {
     TtftPercentiles,
     Throughput,
     PrefixHits,
+    /// Only for pipeline results: see [`Results::figures`].
+    TpsOutput,
 }
 
 impl Figure {
+    /// The figures drawn for every results folder ([`Results::figures`] adds
+    /// [`Figure::TpsOutput`] for pipeline results).
     pub const ALL: [Figure; 5] = [
         Figure::TtftCdf,
         Figure::TpotCdf,
@@ -96,6 +111,7 @@ impl Figure {
             Figure::TtftPercentiles => "ttft_percentiles",
             Figure::Throughput => "throughput",
             Figure::PrefixHits => "prefix_hits",
+            Figure::TpsOutput => "tps_output",
         }
     }
 
@@ -108,6 +124,10 @@ impl Figure {
             Figure::Throughput => "Output tokens per second per policy",
             Figure::PrefixHits => {
                 "Prefix-hit ratio, reused tokens by tier and KV bytes moved by tier per policy"
+            }
+            Figure::TpsOutput => {
+                "Per-request output tokens per second (output tokens / (end - arrival)), median \
+                 per output length and policy"
             }
         }
     }
@@ -148,6 +168,7 @@ impl Figure {
             Figure::TtftPercentiles => charts::ttft_percentiles(root, r),
             Figure::Throughput => charts::throughput(root, r),
             Figure::PrefixHits => charts::prefix_hits(root, r),
+            Figure::TpsOutput => charts::tps_output(root, r),
         }
     }
 
@@ -212,9 +233,16 @@ pub fn encode_png(rgb: &[u8], width: u32, height: u32) -> Result<Vec<u8>, png::E
     Ok(out)
 }
 
-/// The files [`render`] writes, relative to the results folder, in writing order.
-pub fn output_files() -> Vec<String> {
-    let mut v: Vec<String> = Figure::ALL
+/// The files [`render`] writes into the results folder `dir`, relative to it, in writing
+/// order: the figures (with `tps_output` when `dir/scenario.toml` is a pipeline scenario), then
+/// `report.md`. Only `scenario.toml` is read; a missing one counts as a non-pipeline folder.
+pub fn output_files(dir: &Path) -> Vec<String> {
+    let pipeline = data::read_scenario(dir).as_ref().is_some_and(is_pipeline);
+    file_names(&data::figures(pipeline))
+}
+
+fn file_names(figures: &[Figure]) -> Vec<String> {
+    let mut v: Vec<String> = figures
         .iter()
         .flat_map(|f| [format!("{}.png", f.stem()), format!("{}.svg", f.stem())])
         .collect();
@@ -223,8 +251,9 @@ pub fn output_files() -> Vec<String> {
 }
 
 /// Reads the CSV files of `dir` and writes every figure (PNG and SVG) and `report.md` into
-/// it. Figures are drawn in parallel threads; each file is written under a temporary name and
-/// renamed, so an interrupted run never leaves a truncated file.
+/// it, returning the paths written (those of [`output_files`], in that order). Figures are
+/// drawn in parallel threads; each file is written under a temporary name and renamed, so an
+/// interrupted run never leaves a truncated file.
 pub fn render(dir: &Path) -> Result<Vec<PathBuf>, PlotError> {
     let results = Results::load(dir)?;
     render_results(&results, dir)
@@ -233,10 +262,12 @@ pub fn render(dir: &Path) -> Result<Vec<PathBuf>, PlotError> {
 /// A file's name in the results folder and its bytes.
 type NamedFile = (String, Vec<u8>);
 
-/// Writes every figure and `report.md` for `results` into `dir`.
+/// Writes the figures of `results` ([`Results::figures`]) and `report.md` into `dir`,
+/// returning the paths written.
 pub fn render_results(results: &Results, dir: &Path) -> Result<Vec<PathBuf>, PlotError> {
+    let figures = results.figures();
     let drawn: Vec<Result<Vec<NamedFile>, PlotError>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = Figure::ALL
+        let handles: Vec<_> = figures
             .iter()
             .map(|&f| {
                 scope.spawn(move || {

@@ -2,12 +2,14 @@
 //!
 //! It holds the scenario in a few lines (from `scenario.toml`, tolerating missing keys), a
 //! table of the summary per policy, which policy has the lowest TTFT p50 and p99 and by how
-//! much (computed from the table's numbers), and the figures as relative PNG links.
+//! much (computed from the table's numbers), and the figures as relative PNG links. For
+//! pipeline results it adds a sentence comparing per-request output tokens per second
+//! (`output_tokens / (end - arrival)`, median per output length) of the fastest and the slowest
+//! policy at the longest output length both have ([`tps_sentence`]).
 
 use std::fmt::Write;
 
-use super::Figure;
-use super::data::{Results, SummaryRow};
+use super::data::{Results, SummaryRow, TpsPoint, TpsSeries};
 
 /// A string, integer, float or boolean found at `path` (dotted keys) in `v`, as text.
 fn get(v: &toml::Value, path: &str) -> Option<String> {
@@ -137,6 +139,47 @@ pub(crate) fn winner_sentence(
     ))
 }
 
+/// For pipeline results: "At 512 output tokens, `cached` generates 98.3 tokens/s per request
+/// against 7.6 for `stateless` (12.9x)." Among `series` (those of one sweep point), it takes
+/// the longest output length that at least two series have, and there compares the series
+/// with the highest median TPS to the one with the lowest. `None` with fewer than two series
+/// sharing a length.
+pub fn tps_sentence(series: &[&TpsSeries]) -> Option<String> {
+    let mut lengths: Vec<u32> = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.to))
+        .collect();
+    lengths.sort_unstable_by(|a, b| b.cmp(a));
+    lengths.dedup();
+    let at = lengths.into_iter().find_map(|length| {
+        let at: Vec<(&TpsSeries, &TpsPoint)> = series
+            .iter()
+            .filter_map(|s| s.points.iter().find(|p| p.to == length).map(|p| (*s, p)))
+            .collect();
+        (at.len() >= 2).then_some(at)
+    })?;
+    let fast = at
+        .iter()
+        .max_by(|a, b| a.1.median_tps.total_cmp(&b.1.median_tps))?;
+    let slow = at
+        .iter()
+        .filter(|x| !std::ptr::eq(x.0, fast.0))
+        .min_by(|a, b| a.1.median_tps.total_cmp(&b.1.median_tps))?;
+    let (f, sl) = (fast.1.median_tps, slow.1.median_tps);
+    let ratio = if sl > 0.0 {
+        format!(" ({:.1}x)", f / sl)
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "At {} output tokens, `{}` generates {f:.1} tokens/s per request against {sl:.1} for \
+         `{}`{ratio}.",
+        fast.1.lengths(),
+        fast.0.policy,
+        slow.0.policy
+    ))
+}
+
 /// The text of `report.md`.
 pub fn report_markdown(r: &Results) -> String {
     let name = r
@@ -205,8 +248,38 @@ pub fn report_markdown(r: &Results) -> String {
             s.push('\n');
         }
     }
+    if let Some(series) = &r.tps_output {
+        let mut rests: Vec<Option<&str>> = Vec::new();
+        for t in series {
+            if !rests.contains(&t.rest.as_deref()) {
+                rests.push(t.rest.as_deref());
+            }
+        }
+        let sentences: Vec<String> = rests
+            .into_iter()
+            .filter_map(|rest| {
+                let group: Vec<&TpsSeries> = series
+                    .iter()
+                    .filter(|t| t.rest.as_deref() == rest)
+                    .collect();
+                let sentence = tps_sentence(&group)?;
+                Some(match rest {
+                    Some(rest) => format!("{rest}: {sentence}"),
+                    None => sentence,
+                })
+            })
+            .collect();
+        if !sentences.is_empty() {
+            s.push('\n');
+            s.push_str(&sentences.join(" "));
+            s.push_str(
+                " (Per-request output tokens per second: output tokens / (end - arrival), \
+                 median over completed requests.)\n",
+            );
+        }
+    }
     s.push_str("\n## Plots\n\nEach plot is also written as SVG next to the PNG.\n");
-    for f in Figure::ALL {
+    for f in r.figures() {
         let _ = write!(
             s,
             "\n### {}\n\n![{}]({}.png)\n",
