@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod model;
 pub mod plot;
 pub mod policy;
+pub mod profile;
 pub mod rng;
 pub mod run;
 pub mod scenario;
