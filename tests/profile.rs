@@ -238,3 +238,20 @@ fn the_cli_writes_a_loadable_profile_and_rejects_bad_arguments() {
     assert_eq!(o.status.code(), Some(2), "--out is required");
     assert!(!std::path::Path::new("x.toml").exists());
 }
+
+#[test]
+fn the_committed_small_profile_loads_and_covers_the_default_grid() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/small_2shard_cpu.toml");
+    let p = Profile::load(&path).unwrap();
+    assert_eq!(p.model, "small");
+    assert_eq!(p.layer_ranges(), [0..4, 4..8]);
+    let g = Grid::default();
+    for s in &p.shards {
+        let xs: Vec<u32> = s.prefill.iter().map(|&(x, _)| x).collect();
+        assert_eq!(xs, g.prefill);
+        let cs: Vec<u32> = s.decode.iter().map(|&(x, _)| x).collect();
+        assert_eq!(cs, g.decode);
+    }
+    assert_eq!(Profile::parse("again", &p.to_toml()).unwrap(), p);
+}
