@@ -12,6 +12,8 @@
 //!   each step carries the duration that [`CostModel`] charges for it on the shard's GPU: the
 //!   shard's layers only, with the LM head's weights and FLOPs on the tail shard alone.
 //!   Embedding lookups are ignored, as in the cost model. Its "sampled" token is always 0.
+//!   [`SimBackend::profiled`] charges a measured [`ShardProfile`] of the real backend
+//!   instead (see [`crate::profile`]).
 //! - [`CandleBackend`] computes real tensors with [`ShardModel`] and reports no modelled
 //!   duration (the caller measures wall time if it wants one).
 
@@ -27,6 +29,7 @@ use crate::exec::{
 use crate::hardware::{GpuSpec, LinkSpec};
 use crate::model::ModelConfig;
 use crate::model::cost::{BatchShape, CostModel};
+use crate::profile::ShardProfile;
 use crate::units::Nanos;
 
 /// Bytes of one token id on the wire.
@@ -239,7 +242,35 @@ fn check_layers(have: &Range<usize>, asked: &Range<usize>) -> Result<(), Backend
 pub struct SimBackend {
     model: ModelConfig,
     layers: Range<usize>,
-    cost: CostModel,
+    timing: Timing,
+}
+
+/// Where a [`SimBackend`]'s durations come from.
+#[derive(Clone, Debug)]
+enum Timing {
+    /// The roofline cost model of the shard's part of the model.
+    Analytic(CostModel),
+    /// A measured profile of the shard.
+    Profiled(ShardProfile),
+}
+
+impl Timing {
+    /// The duration of `n` new tokens at `offset` (on the tail if `tail`).
+    fn duration(&self, n: usize, offset: usize, tail: bool) -> Nanos {
+        match self {
+            Timing::Analytic(cost) => {
+                let mut shape = BatchShape::default();
+                shape.add(n as u64, offset as u64, tail);
+                cost.iteration(&shape)
+            }
+            Timing::Profiled(p) if offset == 0 => p.prefill(n),
+            Timing::Profiled(p) if n == 1 => p.decode(offset),
+            // An approximation: `n` tokens after `offset` cost what a prefill of `offset + n`
+            // costs beyond a prefill of `offset`. It ignores that the cached tokens' K/V are
+            // read rather than computed, so it overstates attention work slightly.
+            Timing::Profiled(p) => p.prefill(offset + n).saturating_sub(p.prefill(offset)),
+        }
+    }
 }
 
 impl SimBackend {
@@ -262,9 +293,28 @@ impl SimBackend {
             latency: Nanos::ZERO,
         };
         SimBackend {
-            cost: CostModel::new(part, gpu, unused, 1, overhead),
+            timing: Timing::Analytic(CostModel::new(part, gpu, unused, 1, overhead)),
             model,
             layers,
+        }
+    }
+
+    /// Layers `layers` of `model`, timed by the measured `profile` of that shard (see
+    /// [`crate::profile`]) instead of the cost model:
+    /// - offset 0 (prefill or a stateless pass of `n` tokens): `profile.prefill(n)`;
+    /// - offset > 0 and one new token (decode): `profile.decode(offset)`;
+    /// - offset > 0 and `n > 1` new tokens (a prefill after an imported prefix):
+    ///   `profile.prefill(offset + n) - profile.prefill(offset)`, saturating at zero. This is
+    ///   an approximation: the prefix's K/V are read from the cache rather than computed, which
+    ///   the difference of two full prefills only estimates.
+    ///
+    /// The caller picks the profile of the same layer range ([`crate::profile::Profile::shard`]);
+    /// `model` gives the shapes and sizes of activations and caches, as in [`SimBackend::new`].
+    pub fn profiled(model: ModelConfig, layers: Range<usize>, profile: ShardProfile) -> SimBackend {
+        SimBackend {
+            model,
+            layers,
+            timing: Timing::Profiled(profile),
         }
     }
 
@@ -304,8 +354,6 @@ impl ModelBackend for SimBackend {
             _ => return Err(BackendError::ForeignActivation),
         }
         let n = input.positions();
-        let mut shape = BatchShape::default();
-        shape.add(n as u64, offset as u64, self.is_tail());
         let output = if self.is_tail() {
             StepOutput::Token {
                 token: 0,
@@ -324,7 +372,7 @@ impl ModelBackend for SimBackend {
                 positions: 0..offset + n,
                 bytes_per_token: self.bytes_per_token(),
             }),
-            duration: Some(self.cost.iteration(&shape)),
+            duration: Some(self.timing.duration(n, offset, self.is_tail())),
         })
     }
 
@@ -522,6 +570,43 @@ mod tests {
         // Each half holds half of the 128 KiB of KV per token.
         assert_eq!(h.cache.bytes(), 64 * 1024);
         assert_eq!(w.cache.bytes(), m.kv_bytes_per_token());
+    }
+
+    #[test]
+    fn profiled_sim_backends_charge_the_profile() {
+        let t = |v: &[(u32, u64)]| v.iter().map(|&(x, y)| (x, Nanos(y))).collect::<Vec<_>>();
+        let profile = ShardProfile {
+            layers: 0..2,
+            prefill: t(&[(1, 1_000), (8, 4_500), (16, 8_500)]),
+            decode: t(&[(1, 700), (16, 1_000)]),
+        };
+        let m = ModelConfig::tiny();
+        let mut b = SimBackend::profiled(m.clone(), 0..2, profile.clone());
+        let p = b
+            .run(0..2, Activation::tokens(vec![3; 8]), 0, None)
+            .unwrap();
+        assert_eq!(p.duration, Some(Nanos(4_500)));
+        let StepOutput::Activation(x) = &p.output else {
+            panic!("the head of 4 layers returns an activation");
+        };
+        assert_eq!(x.bytes(), 8 * m.hidden * m.bytes_per_element);
+        let d = b
+            .run(0..2, Activation::tokens(vec![3]), 8, Some(p.cache.clone()))
+            .unwrap();
+        assert_eq!(d.duration, Some(profile.decode(8)));
+        assert_eq!(d.duration, Some(Nanos(840)));
+        // Eight more tokens after eight cached: prefill(16) - prefill(8).
+        let e = b
+            .run(0..2, Activation::tokens(vec![3; 8]), 8, Some(p.cache))
+            .unwrap();
+        assert_eq!(e.duration, Some(Nanos(4_000)));
+        assert_eq!(e.cache.tokens(), 16);
+        // The analytic constructor still charges the cost model.
+        let mut a = SimBackend::new(m, 0..2, a100(), Nanos::ZERO);
+        let r = a
+            .run(0..2, Activation::tokens(vec![3; 8]), 0, None)
+            .unwrap();
+        assert_ne!(r.duration, Some(Nanos(4_500)));
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod model;
 pub mod pipeline;
 pub mod plot;
 pub mod policy;
+pub mod profile;
 pub mod rng;
 pub mod run;
 pub mod scenario;

@@ -78,6 +78,9 @@ enum Command {
     /// Serve requests for real on the live host: one ractor actor per pipeline shard, candle
     /// tensors on the CPU, seeded weights; writes requests.csv and summary.csv.
     Live(LiveArgs),
+    /// Measure each pipeline shard of a real (candle, seeded weights) model on a grid of
+    /// prefill and decode shapes and write the profile (TOML) that a profiled sim backend uses.
+    Profile(ProfileArgs),
     /// Inspect and convert datasets and traces.
     Trace {
         #[command(subcommand)]
@@ -204,6 +207,115 @@ fn live_run(a: &LiveArgs) -> ExitCode {
             ExitCode::from(EXIT_FAILED)
         }
     }
+}
+
+#[derive(Args)]
+struct ProfileArgs {
+    /// The model: tiny, tiny-qwen or small.
+    #[arg(long, default_value = "small")]
+    model: String,
+    /// Pipeline shards (contiguous layer ranges, split evenly).
+    #[arg(long, default_value_t = 2)]
+    shards: usize,
+    /// Prefill grid: new tokens, comma-separated and increasing
+    /// (default 1,8,16,32,64,128,256,512).
+    #[arg(long, value_delimiter = ',')]
+    prefill: Vec<u32>,
+    /// Decode grid: cached context tokens, comma-separated and increasing
+    /// (default 1,16,64,128,256,512,1024).
+    #[arg(long, value_delimiter = ',')]
+    decode: Vec<u32>,
+    /// Runs per grid point; the median is kept.
+    #[arg(long, default_value_t = 5)]
+    repeats: u32,
+    /// Seed of the weights.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// The profile file to write.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+fn profile_run(a: &ProfileArgs) -> ExitCode {
+    use meshsim::profile::{self, Grid};
+    let bad = |msg: String| {
+        eprintln!("error: {msg}");
+        ExitCode::from(EXIT_BAD_INPUT)
+    };
+    let Some(config) = meshsim::live::model_by_name(&a.model) else {
+        return bad(format!(
+            "unknown model {:?} (tiny, tiny-qwen, small)",
+            a.model
+        ));
+    };
+    let layers = match meshsim::live::split_layers(config.layers, a.shards) {
+        Ok(l) => l,
+        Err(e) => return bad(format!("--shards: {e}")),
+    };
+    let default = Grid::default();
+    let grid = Grid {
+        prefill: if a.prefill.is_empty() {
+            default.prefill
+        } else {
+            a.prefill.clone()
+        },
+        decode: if a.decode.is_empty() {
+            default.decode
+        } else {
+            a.decode.clone()
+        },
+        repeats: a.repeats,
+    };
+    if let Err(e) = grid.check("arguments") {
+        return bad(e.to_string());
+    }
+    let device = meshsim::exec::default_device();
+    let started = Instant::now();
+    let p = match profile::measure(
+        &config,
+        &layers,
+        &meshsim::exec::WeightSource::Seeded(a.seed),
+        &device,
+        &grid,
+    ) {
+        Ok(p) => p,
+        Err(e) if e.is_bad_input() => return bad(e.to_string()),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_FAILED);
+        }
+    };
+    if let Err(e) = p.write(&a.out) {
+        eprintln!("error: {e}");
+        return ExitCode::from(EXIT_FAILED);
+    }
+    let (n, c) = (grid.prefill[grid.prefill.len() - 1], grid.decode[0]);
+    println!(
+        "profile of {} on {} ({} shards, {} repeats) in {:.1} s -> {}",
+        p.model,
+        p.device,
+        p.shards.len(),
+        p.repeats,
+        started.elapsed().as_secs_f64(),
+        a.out.display()
+    );
+    println!(
+        "  {:>5}  {:>8}  {:>22}  {:>22}",
+        "shard",
+        "layers",
+        format!("prefill {n} tokens/s"),
+        format!("decode ms at {c} ctx")
+    );
+    for (i, s) in p.shards.iter().enumerate() {
+        println!(
+            "  {:>5}  {:>8}  {:>22.0}  {:>22.3}",
+            i,
+            format!("{}..{}", s.layers.start, s.layers.end),
+            n as f64 / s.prefill(n as usize).as_secs_f64(),
+            s.decode(c as usize).as_ms_f64()
+        );
+    }
+    ExitCode::SUCCESS
 }
 
 #[derive(Subcommand)]
@@ -836,6 +948,7 @@ fn main() -> ExitCode {
         Command::Check { .. }
         | Command::Trace { .. }
         | Command::Live(_)
+        | Command::Profile(_)
         | Command::Compare { .. } => false,
     };
     init_logging(cli.verbose, quiet);
@@ -843,6 +956,7 @@ fn main() -> ExitCode {
         Command::Plot { dir, quiet } => plot(&dir, quiet),
         Command::Compare { sim, live, out } => compare(&sim, &live, out.as_deref()),
         Command::Live(args) => live_run(&args),
+        Command::Profile(args) => profile_run(&args),
         Command::Run {
             scenario,
             seed,

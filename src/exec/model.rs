@@ -138,6 +138,33 @@ impl TransformerConfig {
         Ok(())
     }
 
+    /// The architecture as a [`ModelConfig`] with `bytes_per_element` (4 for f32), so that a
+    /// simulated backend can stand in for this configuration. `ModelConfig::name` is static:
+    /// the known presets keep their names, anything else is called `"custom"`.
+    pub fn model_config(&self, bytes_per_element: u64) -> ModelConfig {
+        let name = match self.name.as_str() {
+            "tiny" => "tiny",
+            "tiny-qwen" => "tiny-qwen",
+            "small" => "small",
+            "mistral-7b-instruct-v0.2" => "mistral-7b-instruct-v0.2",
+            "qwen2.5-0.5b" => "qwen2.5-0.5b",
+            _ => "custom",
+        };
+        ModelConfig {
+            name,
+            layers: self.layers as u64,
+            hidden: self.hidden as u64,
+            ffn: self.ffn as u64,
+            heads: self.heads as u64,
+            kv_heads: self.kv_heads as u64,
+            head_dim: self.head_dim as u64,
+            vocab: self.vocab as u64,
+            bytes_per_element,
+            tied_embeddings: self.tied_embeddings,
+            qkv_bias: self.qkv_bias,
+        }
+    }
+
     /// K/V values (elements) of one token in one layer.
     pub fn kv_elements_per_token_layer(&self) -> usize {
         2 * self.kv_heads * self.head_dim
@@ -534,6 +561,40 @@ mod tests {
             ..TransformerConfig::tiny()
         };
         assert!(matches!(bad.validate(), Err(ExecError::Config(_))));
+    }
+
+    #[test]
+    fn model_configs_mirror_the_transformer_and_name_presets() {
+        let m = TransformerConfig::mistral_7b_instruct_v0_2().model_config(2);
+        assert_eq!(m, ModelConfig::mistral_7b_instruct_v0_2());
+        assert_eq!(
+            TransformerConfig::qwen2_5_0_5b().model_config(2),
+            ModelConfig::qwen2_5_0_5b()
+        );
+        let t = TransformerConfig::tiny().model_config(4);
+        assert_eq!(
+            t,
+            ModelConfig {
+                bytes_per_element: 4,
+                ..ModelConfig::tiny()
+            }
+        );
+        let s = TransformerConfig::small().model_config(4);
+        assert_eq!(
+            (s.name, s.layers, s.hidden, s.kv_heads),
+            ("small", 8, 512, 2)
+        );
+        // f32 K/V: 2 x 8 layers x 2 KV heads x 64 x 4 bytes per token.
+        assert_eq!(s.kv_bytes_per_token(), 8192);
+        assert_eq!(
+            TransformerConfig::tiny_qwen().model_config(4).name,
+            "tiny-qwen"
+        );
+        let custom = TransformerConfig {
+            name: "mine".into(),
+            ..TransformerConfig::tiny()
+        };
+        assert_eq!(custom.model_config(4).name, "custom");
     }
 
     #[test]

@@ -1,0 +1,817 @@
+//! Measured profiles of the real backend (DESIGN: "A measured profile of the real backend can
+//! replace the analytic cost model").
+//!
+//! A [`Profile`] holds, for each shard of a pipeline route (a contiguous layer range), the wall
+//! time of one [`ModelBackend::run`] call of that shard alone on a grid of shapes:
+//!
+//! - **prefill**: `n` new tokens from an empty cache, for each `n` of the prefill grid (this is
+//!   also what a stateless pass costs);
+//! - **decode**: one new token with `c` tokens already cached, for each context `c` of the
+//!   decode grid.
+//!
+//! [`measure`] makes one with a [`CandleBackend`] per shard (f32): after one untimed warm-up
+//! pass, it times each shard's `run` separately ([`Instant`] around just that call, after which
+//! the device is synchronized) while passing the real activations from shard to shard, and
+//! keeps the median over `repeats` runs. A decode point prefills its context untimed once and
+//! then times `repeats` single-token steps on copies of that cache. Prompts are fixed
+//! (seeded) token ids, so two profiles of one machine differ only by timing noise.
+//!
+//! Between grid points a profile is **piecewise linear**; below the first point it takes the
+//! first point's value; beyond the last it extrapolates the line through the last two points,
+//! never going below the last value (one point alone gives a constant). See
+//! [`ShardProfile::prefill`] and [`ShardProfile::decode`].
+//! [`crate::backend::SimBackend::profiled`] charges these times instead of the roofline
+//! [`crate::model::cost::CostModel`].
+//!
+//! Files are TOML written by [`Profile::to_toml`] (and [`Profile::write`], atomically):
+//!
+//! ```toml
+//! model = "small"
+//! device = "cpu"
+//! dtype = "f32"
+//! repeats = 5
+//! [[shard]]
+//! layers = [0, 4]
+//! prefill = [[1, 123456], [8, 234567]]   # [new tokens, ns]
+//! decode = [[1, 34567], [16, 35678]]     # [cached context tokens, ns]
+//! ```
+//!
+//! [`Profile::load`] rejects, with the file, the key (`shard[1].decode[3]`) and the reason: an
+//! unreadable file, a TOML syntax or type error (with its line and column), an unknown key, an
+//! unknown model name, an empty or unsorted grid or one with a duplicate point, a non-positive
+//! token count or time, and layer ranges that are not contiguous from layer 0 to the model's
+//! last layer.
+
+use std::fmt::Write as _;
+use std::ops::Range;
+use std::path::Path;
+use std::time::Instant;
+
+use candle_core::{DType, Device, DeviceLocation};
+use serde::Deserialize;
+
+use crate::backend::{Activation, CacheState, CandleBackend, ModelBackend, StepOutput};
+use crate::exec::{TransformerConfig, WeightSource};
+use crate::units::Nanos;
+
+/// What can go wrong with a profile file or a measurement.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProfileError {
+    #[error("{file}: cannot read: {message}")]
+    Unreadable { file: String, message: String },
+    #[error("{}: {message}", place(file, *line_col, key))]
+    Syntax {
+        file: String,
+        /// Line and column (from 1) of the offending text, when known.
+        line_col: Option<(usize, usize)>,
+        /// Key path, empty for the whole file.
+        key: String,
+        message: String,
+    },
+    #[error("{file}: {key}: {message}")]
+    Grid {
+        file: String,
+        key: String,
+        message: String,
+    },
+    #[error("{file}: {key}: expected a positive {what}, found {value}")]
+    NonPositive {
+        file: String,
+        key: String,
+        what: &'static str,
+        value: i64,
+    },
+    #[error("{file}: {key}: empty grid (at least one point is needed)")]
+    EmptyGrid { file: String, key: String },
+    #[error("{file}: {key}: {message}")]
+    Layers {
+        file: String,
+        key: String,
+        message: String,
+    },
+    #[error(
+        "{file}: model: unknown model {name:?} (tiny, tiny-qwen, small, {}, {})",
+        MISTRAL,
+        QWEN
+    )]
+    UnknownModel { file: String, name: String },
+    #[error("{file}: {key}: {message}")]
+    Invalid {
+        file: String,
+        key: String,
+        message: String,
+    },
+    #[error("{file}: cannot write: {message}")]
+    Write { file: String, message: String },
+    #[error("measurement failed: {0}")]
+    Measure(String),
+}
+
+impl ProfileError {
+    /// Whether the input (a file, a grid, a layer split) was at fault, rather than the
+    /// measurement or the file system.
+    pub fn is_bad_input(&self) -> bool {
+        !matches!(self, ProfileError::Measure(_) | ProfileError::Write { .. })
+    }
+}
+
+const MISTRAL: &str = "mistral-7b-instruct-v0.2";
+const QWEN: &str = "qwen2.5-0.5b";
+
+fn place(file: &str, line_col: Option<(usize, usize)>, key: &str) -> String {
+    let mut s = file.to_string();
+    if let Some((l, c)) = line_col {
+        let _ = write!(s, ":{l}:{c}");
+    }
+    if !key.is_empty() {
+        let _ = write!(s, ": {key}");
+    }
+    s
+}
+
+/// The transformer configurations a profile may name.
+pub fn known_model(name: &str) -> Option<TransformerConfig> {
+    match name {
+        MISTRAL => Some(TransformerConfig::mistral_7b_instruct_v0_2()),
+        QWEN => Some(TransformerConfig::qwen2_5_0_5b()),
+        _ => crate::live::model_by_name(name),
+    }
+}
+
+/// Measured times of one shard (one layer range). See the module doc.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardProfile {
+    pub layers: Range<usize>,
+    /// `(new tokens, time)` from an empty cache, tokens strictly increasing.
+    pub prefill: Vec<(u32, Nanos)>,
+    /// `(cached context tokens, time of one new token)`, contexts strictly increasing.
+    pub decode: Vec<(u32, Nanos)>,
+}
+
+impl ShardProfile {
+    /// Time to run `tokens` new tokens from an empty cache (prefill, or a stateless pass).
+    pub fn prefill(&self, tokens: usize) -> Nanos {
+        interpolate(&self.prefill, tokens)
+    }
+
+    /// Time to run one new token with `context` tokens already cached.
+    pub fn decode(&self, context: usize) -> Nanos {
+        interpolate(&self.decode, context)
+    }
+}
+
+/// The piecewise linear function through `points` (sorted by x) at `x`: the first value below
+/// the first point, the line through the last two points beyond the last one (never below the
+/// last value). Zero for no points. Rounds to the nearest nanosecond.
+pub fn interpolate(points: &[(u32, Nanos)], x: usize) -> Nanos {
+    let Some(&(x0, y0)) = points.first() else {
+        return Nanos::ZERO;
+    };
+    let x = x as i128;
+    if x <= x0 as i128 || points.len() == 1 {
+        return y0;
+    }
+    // The segment holding x, or the last one for extrapolation.
+    let i = points
+        .windows(2)
+        .position(|w| x <= w[1].0 as i128)
+        .unwrap_or(points.len() - 2);
+    let (xa, ya) = (points[i].0 as i128, points[i].1.0 as i128);
+    let (xb, yb) = (points[i + 1].0 as i128, points[i + 1].1.0 as i128);
+    let dx = xb - xa;
+    if dx <= 0 {
+        return Nanos(yb as u64);
+    }
+    let num = (yb - ya) * (x - xa);
+    // Round half away from zero.
+    let step = if num >= 0 {
+        (2 * num + dx) / (2 * dx)
+    } else {
+        -((-2 * num + dx) / (2 * dx))
+    };
+    let mut y = ya + step;
+    if x > xb {
+        y = y.max(yb);
+    }
+    Nanos(y.clamp(0, u64::MAX as i128) as u64)
+}
+
+/// A measured profile of a whole route. See the module doc.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Profile {
+    /// A known model name ([`known_model`]).
+    pub model: String,
+    /// Where it was measured: `cpu`, `cuda:0`, ...
+    pub device: String,
+    /// The element type of weights and activations: `f32`.
+    pub dtype: String,
+    /// Runs per grid point (the median is kept).
+    pub repeats: u32,
+    /// Head first; layer ranges contiguous from 0 to the model's last layer.
+    pub shards: Vec<ShardProfile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProfile {
+    model: String,
+    device: String,
+    dtype: String,
+    repeats: i64,
+    #[serde(default)]
+    shard: Vec<RawShard>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawShard {
+    layers: Vec<i64>,
+    prefill: Vec<Vec<i64>>,
+    decode: Vec<Vec<i64>>,
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+    (line, col)
+}
+
+/// Checks a grid of positive, strictly increasing points; `key` names it (`shard[0].prefill`).
+fn check_grid(file: &str, key: &str, xs: &[i64]) -> Result<(), ProfileError> {
+    if xs.is_empty() {
+        return Err(ProfileError::EmptyGrid {
+            file: file.into(),
+            key: key.into(),
+        });
+    }
+    for (i, &x) in xs.iter().enumerate() {
+        if x <= 0 {
+            return Err(ProfileError::NonPositive {
+                file: file.into(),
+                key: format!("{key}[{i}]"),
+                what: "token count",
+                value: x,
+            });
+        }
+        if x > u32::MAX as i64 {
+            return Err(ProfileError::Invalid {
+                file: file.into(),
+                key: format!("{key}[{i}]"),
+                message: format!("token count {x} is too large"),
+            });
+        }
+        if i > 0 && x <= xs[i - 1] {
+            let what = if x == xs[i - 1] {
+                "duplicate grid point"
+            } else {
+                "grid points must be strictly increasing"
+            };
+            return Err(ProfileError::Grid {
+                file: file.into(),
+                key: format!("{key}[{i}]"),
+                message: format!("{what}: {x} after {}", xs[i - 1]),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks that `ranges` are non-empty, contiguous from 0 and end at `layers`; `key(i)` names
+/// range `i`.
+fn check_layers(
+    file: &str,
+    ranges: &[Range<usize>],
+    layers: usize,
+    key: impl Fn(usize) -> String,
+) -> Result<(), ProfileError> {
+    let err = |i: usize, message: String| ProfileError::Layers {
+        file: file.into(),
+        key: key(i),
+        message,
+    };
+    if ranges.is_empty() {
+        return Err(ProfileError::Layers {
+            file: file.into(),
+            key: "shard".into(),
+            message: "no shards".into(),
+        });
+    }
+    let mut next = 0;
+    for (i, r) in ranges.iter().enumerate() {
+        if r.start != next {
+            return Err(err(
+                i,
+                format!(
+                    "layer ranges must be contiguous from 0: expected a range starting at {next}, found {r:?}"
+                ),
+            ));
+        }
+        if r.end <= r.start {
+            return Err(err(i, format!("empty layer range {r:?}")));
+        }
+        next = r.end;
+    }
+    if next != layers {
+        return Err(err(
+            ranges.len() - 1,
+            format!("layer ranges end at {next}, but the model has {layers} layers"),
+        ));
+    }
+    Ok(())
+}
+
+fn parse_points(
+    file: &str,
+    key: &str,
+    raw: &[Vec<i64>],
+) -> Result<Vec<(u32, Nanos)>, ProfileError> {
+    for (i, p) in raw.iter().enumerate() {
+        if p.len() != 2 {
+            return Err(ProfileError::Invalid {
+                file: file.into(),
+                key: format!("{key}[{i}]"),
+                message: format!("expected a pair [tokens, ns], found {} numbers", p.len()),
+            });
+        }
+    }
+    let xs: Vec<i64> = raw.iter().map(|p| p[0]).collect();
+    check_grid(file, key, &xs)?;
+    raw.iter()
+        .enumerate()
+        .map(|(i, p)| {
+            if p[1] <= 0 {
+                return Err(ProfileError::NonPositive {
+                    file: file.into(),
+                    key: format!("{key}[{i}]"),
+                    what: "time in ns",
+                    value: p[1],
+                });
+            }
+            Ok((p[0] as u32, Nanos(p[1] as u64)))
+        })
+        .collect()
+}
+
+impl Profile {
+    /// Reads and validates a profile file.
+    pub fn load(path: &Path) -> Result<Profile, ProfileError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ProfileError::Unreadable {
+            file: file.clone(),
+            message: e.to_string(),
+        })?;
+        Profile::parse(&file, &text)
+    }
+
+    /// Parses and validates profile `text`; `file` names it in errors.
+    pub fn parse(file: &str, text: &str) -> Result<Profile, ProfileError> {
+        let toml_err = |key: String, e: &toml::de::Error| ProfileError::Syntax {
+            file: file.to_string(),
+            line_col: e.span().map(|s| line_col(text, s.start)),
+            key,
+            message: e.message().trim_end().to_string(),
+        };
+        let de = toml::Deserializer::parse(text).map_err(|e| toml_err(String::new(), &e))?;
+        let raw: RawProfile = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let key = if path == "." { String::new() } else { path };
+            toml_err(key, e.inner())
+        })?;
+        let invalid = |key: &str, message: String| ProfileError::Invalid {
+            file: file.into(),
+            key: key.into(),
+            message,
+        };
+        let Some(cfg) = known_model(&raw.model) else {
+            return Err(ProfileError::UnknownModel {
+                file: file.into(),
+                name: raw.model,
+            });
+        };
+        if raw.device.trim().is_empty() {
+            return Err(invalid("device", "expected a device name".into()));
+        }
+        if !matches!(raw.dtype.as_str(), "f32" | "f16" | "bf16") {
+            return Err(invalid(
+                "dtype",
+                format!("expected f32, f16 or bf16, found {:?}", raw.dtype),
+            ));
+        }
+        if raw.repeats <= 0 || raw.repeats > u32::MAX as i64 {
+            return Err(ProfileError::NonPositive {
+                file: file.into(),
+                key: "repeats".into(),
+                what: "number of runs",
+                value: raw.repeats,
+            });
+        }
+        let mut shards = Vec::with_capacity(raw.shard.len());
+        for (i, s) in raw.shard.iter().enumerate() {
+            let key = format!("shard[{i}]");
+            let [start, end] = s.layers[..] else {
+                return Err(ProfileError::Layers {
+                    file: file.into(),
+                    key: format!("{key}.layers"),
+                    message: format!(
+                        "expected [first layer, end layer], found {} numbers",
+                        s.layers.len()
+                    ),
+                });
+            };
+            if start < 0 || end < 0 {
+                return Err(ProfileError::Layers {
+                    file: file.into(),
+                    key: format!("{key}.layers"),
+                    message: format!("negative layer in [{start}, {end}]"),
+                });
+            }
+            shards.push(ShardProfile {
+                layers: start as usize..end as usize,
+                prefill: parse_points(file, &format!("{key}.prefill"), &s.prefill)?,
+                decode: parse_points(file, &format!("{key}.decode"), &s.decode)?,
+            });
+        }
+        let ranges: Vec<Range<usize>> = shards.iter().map(|s| s.layers.clone()).collect();
+        check_layers(file, &ranges, cfg.layers, |i| format!("shard[{i}].layers"))?;
+        Ok(Profile {
+            model: raw.model,
+            device: raw.device,
+            dtype: raw.dtype,
+            repeats: raw.repeats as u32,
+            shards,
+        })
+    }
+
+    /// The profile as TOML, with a header comment saying how it was made.
+    pub fn to_toml(&self) -> String {
+        let mut s = String::new();
+        let points = |v: &[(u32, Nanos)]| {
+            let items: Vec<String> = v.iter().map(|(x, t)| format!("[{x}, {}]", t.0)).collect();
+            format!("[{}]", items.join(", "))
+        };
+        let _ = writeln!(
+            s,
+            "# A meshsim profile, written by `meshsim profile`: the wall time in ns of one\n\
+             # ModelBackend::run call of each shard alone (CandleBackend, seeded weights), the\n\
+             # median of `repeats` runs after a warm-up pass. prefill: new tokens from an empty\n\
+             # cache; decode: one new token after that many cached tokens. Times between grid\n\
+             # points are interpolated linearly (see src/profile.rs)."
+        );
+        let _ = writeln!(s, "model = {}", quote(&self.model));
+        let _ = writeln!(s, "device = {}", quote(&self.device));
+        let _ = writeln!(s, "dtype = {}", quote(&self.dtype));
+        let _ = writeln!(s, "repeats = {}", self.repeats);
+        for sh in &self.shards {
+            let _ = writeln!(s, "\n[[shard]]");
+            let _ = writeln!(s, "layers = [{}, {}]", sh.layers.start, sh.layers.end);
+            let _ = writeln!(s, "prefill = {}   # [new tokens, ns]", points(&sh.prefill));
+            let _ = writeln!(
+                s,
+                "decode = {}   # [cached context tokens, ns]",
+                points(&sh.decode)
+            );
+        }
+        s
+    }
+
+    /// Writes [`Profile::to_toml`] to `path` atomically (a temporary file in the same folder,
+    /// then a rename).
+    pub fn write(&self, path: &Path) -> Result<(), ProfileError> {
+        let file = path.display().to_string();
+        let err = |e: std::io::Error| ProfileError::Write {
+            file: file.clone(),
+            message: e.to_string(),
+        };
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        std::fs::create_dir_all(dir).map_err(err)?;
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "profile".into());
+        let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+        let written =
+            std::fs::write(&tmp, self.to_toml()).and_then(|_| std::fs::rename(&tmp, path));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(err(e));
+        }
+        Ok(())
+    }
+
+    /// The profile of the shard that holds exactly `layers`.
+    pub fn shard(&self, layers: &Range<usize>) -> Option<&ShardProfile> {
+        self.shards.iter().find(|s| &s.layers == layers)
+    }
+
+    /// The shards' layer ranges, head first.
+    pub fn layer_ranges(&self) -> Vec<Range<usize>> {
+        self.shards.iter().map(|s| s.layers.clone()).collect()
+    }
+}
+
+/// A TOML basic string.
+fn quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{:04X}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The shapes that [`measure`] times.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grid {
+    /// New tokens of the prefill points, strictly increasing.
+    pub prefill: Vec<u32>,
+    /// Cached context tokens of the decode points, strictly increasing.
+    pub decode: Vec<u32>,
+    /// Runs per point (the median is kept).
+    pub repeats: u32,
+}
+
+impl Default for Grid {
+    fn default() -> Grid {
+        Grid {
+            prefill: vec![1, 8, 16, 32, 64, 128, 256, 512],
+            decode: vec![1, 16, 64, 128, 256, 512, 1024],
+            repeats: 5,
+        }
+    }
+}
+
+impl Grid {
+    /// Checks that both grids are non-empty, positive and strictly increasing and that
+    /// `repeats` is positive; `origin` names the grid in errors (a file, or "arguments").
+    pub fn check(&self, origin: &str) -> Result<(), ProfileError> {
+        let wide = |v: &[u32]| v.iter().map(|&x| x as i64).collect::<Vec<_>>();
+        check_grid(origin, "prefill", &wide(&self.prefill))?;
+        check_grid(origin, "decode", &wide(&self.decode))?;
+        if self.repeats == 0 {
+            return Err(ProfileError::NonPositive {
+                file: origin.into(),
+                key: "repeats".into(),
+                what: "number of runs",
+                value: 0,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// How a device is named in a profile: `cpu`, `cuda:0`, `metal:0`.
+pub fn device_name(device: &Device) -> String {
+    match device.location() {
+        DeviceLocation::Cpu => "cpu".into(),
+        DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
+        DeviceLocation::Metal { gpu_id } => format!("metal:{gpu_id}"),
+    }
+}
+
+/// Seed of the fixed prompt that [`measure`] runs.
+const PROMPT_SEED: u64 = 0x9e0f_11e5;
+
+/// The median of `times` (the mean of the middle two, rounded up, for an even count), at
+/// least 1 ns.
+fn median(times: &mut [u64]) -> Nanos {
+    times.sort_unstable();
+    let n = times.len();
+    let m = match n {
+        0 => 0,
+        _ if n % 2 == 1 => times[n / 2],
+        _ => (times[n / 2 - 1] as u128 + times[n / 2] as u128).div_ceil(2) as u64,
+    };
+    Nanos(m.max(1))
+}
+
+struct Timed {
+    /// Wall time of each shard's run, head first.
+    times: Vec<u64>,
+    /// Each shard's cache after the pass.
+    caches: Vec<CacheState>,
+    /// The tail's greedy token.
+    token: u32,
+}
+
+/// One pass of `tokens` at `offset` through every shard, timing each shard's run alone.
+fn pass(
+    shards: &mut [CandleBackend],
+    device: &Device,
+    tokens: Vec<u32>,
+    offset: usize,
+    caches: Option<&[CacheState]>,
+) -> Result<Timed, ProfileError> {
+    let fail = |e: &dyn std::fmt::Display| ProfileError::Measure(e.to_string());
+    let mut input = Activation::tokens(tokens);
+    let mut times = Vec::with_capacity(shards.len());
+    let mut out_caches = Vec::with_capacity(shards.len());
+    let mut token = 0;
+    for (i, b) in shards.iter_mut().enumerate() {
+        let cache = caches.map(|c| c[i].clone());
+        let layers = b.layers();
+        let started = Instant::now();
+        let step = b.run(layers, input.clone(), offset, cache);
+        let synced = device.synchronize();
+        let elapsed = started.elapsed();
+        let step = step.map_err(|e| fail(&e))?;
+        synced.map_err(|e| fail(&e))?;
+        times.push(u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX));
+        out_caches.push(step.cache);
+        match step.output {
+            StepOutput::Activation(a) => input = a,
+            StepOutput::Token { token: t, .. } => token = t,
+        }
+    }
+    Ok(Timed {
+        times,
+        caches: out_caches,
+        token,
+    })
+}
+
+/// Measures a profile of `cfg` split into `layers` (contiguous from 0, covering the model),
+/// with weights from `weights` on `device` in f32, on `grid`. See the module doc.
+pub fn measure(
+    cfg: &TransformerConfig,
+    layers: &[Range<usize>],
+    weights: &WeightSource,
+    device: &Device,
+    grid: &Grid,
+) -> Result<Profile, ProfileError> {
+    grid.check("grid")?;
+    cfg.validate()
+        .map_err(|e| ProfileError::Measure(e.to_string()))?;
+    if known_model(&cfg.name).as_ref() != Some(cfg) {
+        return Err(ProfileError::UnknownModel {
+            file: "measure".into(),
+            name: cfg.name.clone(),
+        });
+    }
+    check_layers("measure", layers, cfg.layers, |i| format!("layers[{i}]"))?;
+    let mut shards = layers
+        .iter()
+        .map(|l| CandleBackend::load(cfg, l.clone(), weights, DType::F32, device))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ProfileError::Measure(e.to_string()))?;
+    let max_prefill = grid.prefill.iter().copied().max().unwrap_or(1) as usize;
+    let max_context = grid.decode.iter().copied().max().unwrap_or(1) as usize;
+    let prompt =
+        crate::live::seeded_prompt(PROMPT_SEED, 0, max_prefill.max(max_context), cfg.vocab);
+
+    // Warm-up: one untimed prefill of the largest prefill point and one decode step after it.
+    let warm = pass(&mut shards, device, prompt[..max_prefill].to_vec(), 0, None)?;
+    pass(
+        &mut shards,
+        device,
+        vec![warm.token],
+        max_prefill,
+        Some(&warm.caches),
+    )?;
+
+    let n_shards = shards.len();
+    let repeats = grid.repeats as usize;
+    let mut prefill = vec![Vec::with_capacity(grid.prefill.len()); n_shards];
+    for &n in &grid.prefill {
+        let mut runs = vec![Vec::with_capacity(repeats); n_shards];
+        for _ in 0..repeats {
+            let t = pass(&mut shards, device, prompt[..n as usize].to_vec(), 0, None)?;
+            for (r, t) in runs.iter_mut().zip(t.times) {
+                r.push(t);
+            }
+        }
+        for (p, r) in prefill.iter_mut().zip(runs.iter_mut()) {
+            p.push((n, median(r)));
+        }
+    }
+    let mut decode = vec![Vec::with_capacity(grid.decode.len()); n_shards];
+    for &c in &grid.decode {
+        let ctx = pass(&mut shards, device, prompt[..c as usize].to_vec(), 0, None)?;
+        let mut runs = vec![Vec::with_capacity(repeats); n_shards];
+        for _ in 0..repeats {
+            let t = pass(
+                &mut shards,
+                device,
+                vec![ctx.token],
+                c as usize,
+                Some(&ctx.caches),
+            )?;
+            for (r, t) in runs.iter_mut().zip(t.times) {
+                r.push(t);
+            }
+        }
+        for (d, r) in decode.iter_mut().zip(runs.iter_mut()) {
+            d.push((c, median(r)));
+        }
+    }
+    Ok(Profile {
+        model: cfg.name.clone(),
+        device: device_name(device),
+        dtype: "f32".into(),
+        repeats: grid.repeats,
+        shards: layers
+            .iter()
+            .zip(prefill.into_iter().zip(decode))
+            .map(|(l, (prefill, decode))| ShardProfile {
+                layers: l.clone(),
+                prefill,
+                decode,
+            })
+            .collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pts(v: &[(u32, u64)]) -> Vec<(u32, Nanos)> {
+        v.iter().map(|&(x, y)| (x, Nanos(y))).collect()
+    }
+
+    #[test]
+    fn interpolation_is_linear_between_points_and_flat_below_the_first() {
+        let p = pts(&[(4, 100), (8, 200), (16, 240)]);
+        assert_eq!(interpolate(&p, 0), Nanos(100));
+        assert_eq!(interpolate(&p, 1), Nanos(100));
+        assert_eq!(interpolate(&p, 4), Nanos(100));
+        assert_eq!(interpolate(&p, 6), Nanos(150));
+        assert_eq!(interpolate(&p, 8), Nanos(200));
+        assert_eq!(interpolate(&p, 12), Nanos(220));
+        assert_eq!(interpolate(&p, 16), Nanos(240));
+        // Rounds to the nearest nanosecond: 200 + 40 * 1/8 = 205.
+        assert_eq!(interpolate(&p, 9), Nanos(205));
+    }
+
+    #[test]
+    fn interpolation_extrapolates_the_last_segment_but_never_below_the_last_value() {
+        let up = pts(&[(4, 100), (8, 200)]);
+        assert_eq!(interpolate(&up, 12), Nanos(300));
+        assert_eq!(interpolate(&up, 1000), Nanos(100 + 25 * 996));
+        let down = pts(&[(4, 300), (8, 200)]);
+        assert_eq!(interpolate(&down, 6), Nanos(250));
+        assert_eq!(interpolate(&down, 100), Nanos(200));
+        let one = pts(&[(16, 70)]);
+        assert_eq!(interpolate(&one, 1), Nanos(70));
+        assert_eq!(interpolate(&one, 1 << 20), Nanos(70));
+        assert_eq!(interpolate(&[], 5), Nanos::ZERO);
+    }
+
+    #[test]
+    fn shard_profiles_read_their_own_grids() {
+        let s = ShardProfile {
+            layers: 0..2,
+            prefill: pts(&[(1, 10), (8, 80)]),
+            decode: pts(&[(1, 5), (16, 20)]),
+        };
+        assert_eq!(s.prefill(4), Nanos(40));
+        assert_eq!(s.decode(6), Nanos(10));
+        assert_eq!(s.decode(31), Nanos(35));
+    }
+
+    #[test]
+    fn medians_take_the_middle_and_are_never_zero() {
+        assert_eq!(median(&mut [5, 1, 3]), Nanos(3));
+        assert_eq!(median(&mut [4, 1, 3, 10]), Nanos(4));
+        assert_eq!(median(&mut [3, 4]), Nanos(4));
+        assert_eq!(median(&mut [0]), Nanos(1));
+    }
+
+    #[test]
+    fn grids_must_be_increasing_and_positive() {
+        assert!(Grid::default().check("g").is_ok());
+        let g = Grid {
+            prefill: vec![1, 8, 8],
+            ..Grid::default()
+        };
+        let e = g.check("arguments").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "arguments: prefill[2]: duplicate grid point: 8 after 8"
+        );
+        let g = Grid {
+            decode: vec![],
+            ..Grid::default()
+        };
+        assert!(matches!(g.check("a"), Err(ProfileError::EmptyGrid { .. })));
+        let g = Grid {
+            repeats: 0,
+            ..Grid::default()
+        };
+        assert!(matches!(
+            g.check("a"),
+            Err(ProfileError::NonPositive { .. })
+        ));
+    }
+}
