@@ -701,6 +701,12 @@ fn describe_pipeline(s: &PipelineScenario) {
     );
     let cost = match &s.cost {
         CostSource::Analytic { gpu, .. } => format!("analytic roofline on {}", gpu.name),
+        CostSource::Profile { path, profile } => format!(
+            "measured profile {} ({} on {})",
+            path.display(),
+            profile.dtype,
+            profile.device
+        ),
     };
     println!(
         "  host: {}; step cost: {cost}; link {:.1} GB/s, {:.1} us one way",
@@ -716,9 +722,14 @@ fn describe_pipeline(s: &PipelineScenario) {
     );
     let w = &s.workload;
     println!(
-        "  workload: {} requests at {} /s, {} prompt tokens, {} output tokens; modes: {}",
+        "  workload: {} requests {}, {} prompt tokens, {} output tokens; modes: {}",
         w.requests,
-        w.arrival_rate_per_s,
+        match w.arrivals {
+            meshsim::pipeline::scenario::Arrivals::Poisson(r) => format!("at {r} /s (Poisson)"),
+            meshsim::pipeline::scenario::Arrivals::ClosedLoop => {
+                format!("in a closed loop of {} clients", s.max_active)
+            }
+        },
         w.prompt_tokens,
         w.output_tokens,
         s.modes

@@ -78,6 +78,9 @@ pub struct HeadConfig {
     pub max_active: usize,
     /// Requests waiting for a session slot; an arrival beyond it is rejected.
     pub max_waiting: usize,
+    /// Closed loop: `max_active` clients, each sending its next request when its previous one
+    /// ends; the trace's arrival times are ignored.
+    pub closed_loop: bool,
     pub restarts: Vec<RestartAt>,
 }
 
@@ -145,6 +148,9 @@ impl Head {
     }
 
     fn schedule_next_arrival(&mut self, ctx: &mut dyn Context) {
+        if self.cfg.closed_loop {
+            return;
+        }
         if let Some(r) = self.trace.get(self.arrived) {
             let after = r.arrival.saturating_sub(ctx.now());
             ctx.timer(after, Msg::Arrival(ReqId(self.arrived as u32)));
@@ -153,6 +159,9 @@ impl Head {
 
     fn arrive(&mut self, id: u32, ctx: &mut dyn Context) {
         self.arrived += 1;
+        if self.cfg.closed_loop {
+            self.records[id as usize].arrival = ctx.now();
+        }
         self.schedule_next_arrival(ctx);
         if self.active.len() < self.cfg.max_active {
             self.begin(id, ctx);
@@ -278,6 +287,14 @@ impl Head {
     }
 
     fn admit_waiting(&mut self, ctx: &mut dyn Context) {
+        if self.cfg.closed_loop {
+            // The client whose request ended sends its next one now.
+            while self.active.len() < self.cfg.max_active && self.arrived < self.trace.len() {
+                let id = self.arrived as u32;
+                self.arrive(id, ctx);
+            }
+            return;
+        }
         while self.active.len() < self.cfg.max_active {
             match self.waiting.pop_front() {
                 Some(id) => self.begin(id, ctx),
@@ -290,6 +307,7 @@ impl Head {
 impl Actor for Head {
     fn handle(&mut self, msg: Msg, ctx: &mut dyn Context) {
         match msg {
+            Msg::Start if self.cfg.closed_loop => self.admit_waiting(ctx),
             Msg::Start => self.schedule_next_arrival(ctx),
             Msg::Arrival(ReqId(id)) => self.arrive(id, ctx),
             Msg::Reply(r) => self.reply(*r, ctx),

@@ -12,7 +12,7 @@
 //!   device) on [`crate::live::host`], with the wall clock.
 //!
 //! The trace: `requests` arrivals of a Poisson process at `arrival_rate_per_s` (ChaCha8 stream
-//! `WORKLOAD_ARRIVALS`), each with a prompt of `prompt_tokens` seeded token ids (as
+//! `WORKLOAD_ARRIVALS`; in a closed loop the head sets each arrival when it happens), each with a prompt of `prompt_tokens` seeded token ids (as
 //! [`crate::live::seeded_prompt`]) and `output_tokens` to generate. The same trace is used by
 //! every mode, point and host.
 
@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::DType;
 
-use super::scenario::{CostSource, PipelineScenario, mode_name};
+use super::scenario::{Arrivals, CostSource, PipelineScenario, mode_name};
 use super::{Head, HeadConfig, PipelineRequest, ShardNode};
 use crate::actor::Actor;
 use crate::backend::{CandleBackend, ModelBackend, SimBackend};
@@ -57,8 +57,8 @@ pub fn trace(s: &PipelineScenario) -> Vec<PipelineRequest> {
     let mut t = 0.0f64;
     (0..w.requests)
         .map(|id| {
-            if id > 0 {
-                t += rng.exponential(w.arrival_rate_per_s);
+            if let (Arrivals::Poisson(rate), true) = (w.arrivals, id > 0) {
+                t += rng.exponential(rate);
             }
             PipelineRequest {
                 arrival: Nanos::from_secs_f64(t),
@@ -86,6 +86,7 @@ pub fn actors(
         mode,
         max_active: s.max_active,
         max_waiting: s.max_waiting,
+        closed_loop: s.workload.arrivals == Arrivals::ClosedLoop,
         restarts: s.restarts.clone(),
     };
     let mut out: Vec<Box<dyn Actor>> = vec![Box::new(Head::new(cfg, ids.clone(), trace(s)))];
@@ -126,6 +127,7 @@ fn network(s: &PipelineScenario) -> Network {
     };
     let gpu = match &s.cost {
         CostSource::Analytic { gpu, .. } => gpu.clone(),
+        CostSource::Profile { .. } => unused_gpu(),
     };
     Network::new(&HardwareSpec {
         nodes: s.layers.len() as u32,
@@ -168,6 +170,11 @@ fn sim_backends(s: &PipelineScenario) -> Vec<Box<dyn ModelBackend>> {
                     gpu.clone(),
                     *overhead,
                 )),
+                CostSource::Profile { profile, .. } => {
+                    // Validation checked that the profile has exactly the scenario's ranges.
+                    let p = profile.shard(l).cloned().expect("a profile for every shard");
+                    Box::new(SimBackend::profiled(model.clone(), l.clone(), p))
+                }
             }
         })
         .collect()

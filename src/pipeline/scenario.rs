@@ -25,7 +25,9 @@
 //! requests = 16
 //! prompt_tokens = 64
 //! output_tokens = 64
-//! arrival_rate_per_s = 1.0             # Poisson arrivals
+//! arrival_rate_per_s = 1.0             # Poisson arrivals, or closed_loop = true: each of
+//!                                      # max_active_sessions clients sends its next request
+//!                                      # when the previous one ends
 //! ```
 //!
 //! Errors name the file, the dotted key and what was expected, like those of serving
@@ -41,6 +43,7 @@ use super::RestartAt;
 use crate::exec::TransformerConfig;
 use crate::hardware::{GpuSpec, LinkSpec};
 use crate::model::ModelConfig;
+use crate::profile::Profile;
 use crate::scenario::raw::RawGpu;
 use crate::scenario::{
     Check, MAX_REQUESTS, ScenarioError, gpu_spec, line_col, sweep_texts,
@@ -61,6 +64,9 @@ pub const MAX_SHARDS: usize = 256;
 pub enum CostSource {
     /// The roofline cost model on `gpu`, plus `overhead` per step.
     Analytic { gpu: GpuSpec, overhead: Nanos },
+    /// Times measured on the real backend by `meshsim profile` (one [`crate::profile::ShardProfile`]
+    /// per layer range of the scenario), read from `path`.
+    Profile { path: PathBuf, profile: Profile },
 }
 
 /// The workload of a pipeline scenario: identical requests with seeded prompts.
@@ -69,8 +75,17 @@ pub struct PipelineWorkload {
     pub requests: u32,
     pub prompt_tokens: u32,
     pub output_tokens: u32,
-    /// Poisson arrivals at this rate.
-    pub arrival_rate_per_s: f64,
+    pub arrivals: Arrivals,
+}
+
+/// When requests arrive.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Arrivals {
+    /// A Poisson process at this rate (requests/s).
+    Poisson(f64),
+    /// `max_active_sessions` clients, each sending its next request as soon as its previous
+    /// one ends (a benchmark's "max concurrency"); arrival times are when that happens.
+    ClosedLoop,
 }
 
 /// A validated pipeline scenario.
@@ -86,7 +101,8 @@ pub struct PipelineScenario {
     /// Run on the live host instead of the simulator.
     pub live: bool,
     pub model: TransformerConfig,
-    /// Bytes per element of activations and KV (4: candle runs f32).
+    /// Bytes per element of weights, activations and KV: 4 (`dtype = "f32"`, the default and
+    /// what candle runs) or 2 (`"bf16"`, analytic simulations only).
     pub bytes_per_element: u64,
     pub layers: Vec<Range<usize>>,
     pub cache: CacheLimits,
@@ -154,6 +170,14 @@ enum RawHostMode {
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
+enum RawDtype {
+    #[default]
+    F32,
+    Bf16,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
 enum RawCost {
     #[default]
     Analytic,
@@ -189,6 +213,8 @@ struct RawPipeline {
     max_waiting_requests: usize,
     #[serde(default)]
     cost: RawCost,
+    #[serde(default)]
+    dtype: RawDtype,
     profile: Option<String>,
     gpu: Option<RawGpu>,
     #[serde(default)]
@@ -219,7 +245,9 @@ struct RawWorkload {
     requests: u32,
     prompt_tokens: u32,
     output_tokens: u32,
-    arrival_rate_per_s: f64,
+    arrival_rate_per_s: Option<f64>,
+    #[serde(default)]
+    closed_loop: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -260,17 +288,6 @@ pub fn is_pipeline(text: &str) -> bool {
         .unwrap_or(false)
 }
 
-/// The models a pipeline scenario can name: candle's test and bench configs, and the presets.
-pub fn model_by_name(name: &str) -> Option<TransformerConfig> {
-    match name {
-        "tiny" => Some(TransformerConfig::tiny()),
-        "tiny-qwen" => Some(TransformerConfig::tiny_qwen()),
-        "small" => Some(TransformerConfig::small()),
-        "mistral-7b-instruct-v0.2" => Some(TransformerConfig::mistral_7b_instruct_v0_2()),
-        "qwen2.5-0.5b" => Some(TransformerConfig::qwen2_5_0_5b()),
-        _ => None,
-    }
-}
 
 impl PipelineScenario {
     /// Reads and validates a pipeline scenario file.
@@ -395,7 +412,7 @@ fn validate(
         .collect();
 
     let p = &r.pipeline;
-    let model = model_by_name(&p.model).ok_or_else(|| {
+    let model = crate::profile::known_model(&p.model).ok_or_else(|| {
         c.err(
             "pipeline.model",
             format!(
@@ -471,6 +488,17 @@ fn validate(
         ));
     }
     let live = r.mode == RawHostMode::Live;
+    let bytes_per_element = match p.dtype {
+        RawDtype::F32 => 4,
+        RawDtype::Bf16 => 2,
+    };
+    if p.dtype != RawDtype::F32 && (live || p.cost == RawCost::Profile) {
+        return Err(c.err(
+            "pipeline.dtype",
+            "the candle backend (live runs and profiles) computes in f32; bf16 is for \
+             analytic simulations",
+        ));
+    }
     let overhead_us = p.step_overhead_us;
     if !(overhead_us.is_finite() && overhead_us >= 0.0) {
         return Err(c.err(
@@ -498,7 +526,46 @@ fn validate(
             }
         }
         RawCost::Profile => {
-            return Err(c.err("pipeline.cost", "profiles are not supported yet"));
+            if p.gpu.is_some() || overhead_us != 0.0 {
+                return Err(c.err(
+                    "pipeline.gpu",
+                    "[pipeline.gpu] and step_overhead_us belong to cost = \"analytic\"; \
+                     a profile holds measured times",
+                ));
+            }
+            let rel = p.profile.as_ref().ok_or_else(|| {
+                c.err(
+                    "pipeline.profile",
+                    "cost = \"profile\" needs the path of a file written by `meshsim profile`",
+                )
+            })?;
+            let path = dir.join(rel);
+            let profile = Profile::load(&path)
+                .map_err(|e| c.err("pipeline.profile", e.to_string()))?;
+            if profile.model != p.model {
+                return Err(c.err(
+                    "pipeline.profile",
+                    format!(
+                        "{} measures model {:?}, not {:?}",
+                        path.display(),
+                        profile.model,
+                        p.model
+                    ),
+                ));
+            }
+            if profile.layer_ranges() != layers {
+                return Err(c.err(
+                    "pipeline.profile",
+                    format!(
+                        "{} measures shards {:?}, but the scenario splits the model into {:?}; \
+                         measure this split with `meshsim profile --shards N`",
+                        path.display(),
+                        profile.layer_ranges(),
+                        layers
+                    ),
+                ));
+            }
+            CostSource::Profile { path, profile }
         }
     };
     let link = LinkSpec {
@@ -523,7 +590,16 @@ fn validate(
         requests: w.requests,
         prompt_tokens: w.prompt_tokens,
         output_tokens: w.output_tokens,
-        arrival_rate_per_s: c.positive("workload.arrival_rate_per_s", w.arrival_rate_per_s)?,
+        arrivals: match (w.arrival_rate_per_s, w.closed_loop) {
+            (Some(r), false) => Arrivals::Poisson(c.positive("workload.arrival_rate_per_s", r)?),
+            (None, true) => Arrivals::ClosedLoop,
+            _ => {
+                return Err(c.err(
+                    "workload",
+                    "expected either arrival_rate_per_s (Poisson arrivals) or closed_loop = true",
+                ));
+            }
+        },
     };
     let mut restarts = Vec::with_capacity(p.restart.len());
     for (i, x) in p.restart.iter().enumerate() {
@@ -574,7 +650,7 @@ fn validate(
         modes,
         live,
         model,
-        bytes_per_element: 4,
+        bytes_per_element,
         layers,
         cache,
         max_active,
