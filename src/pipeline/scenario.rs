@@ -69,11 +69,16 @@ pub enum CostSource {
     Profile { path: PathBuf, profile: Profile },
 }
 
-/// The workload of a pipeline scenario: identical requests with seeded prompts.
+/// The workload of a pipeline scenario: requests with seeded prompts of `prompt_tokens`
+/// tokens, or with the given texts, tokenized.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PipelineWorkload {
     pub requests: u32,
+    /// The length of seeded prompts (the longest given prompt when `prompts` is set).
     pub prompt_tokens: u32,
+    /// Tokenized prompt texts, request `i` taking text `i mod len`; ids are taken modulo the
+    /// model's vocabulary (seeded weights belong to no tokenizer).
+    pub prompts: Option<Vec<Vec<u32>>>,
     pub output_tokens: u32,
     pub arrivals: Arrivals,
 }
@@ -243,7 +248,9 @@ struct RawRestart {
 #[serde(deny_unknown_fields)]
 struct RawWorkload {
     requests: u32,
-    prompt_tokens: u32,
+    prompt_tokens: Option<u32>,
+    prompts: Option<Vec<String>>,
+    tokenizer: Option<String>,
     output_tokens: u32,
     arrival_rate_per_s: Option<f64>,
     #[serde(default)]
@@ -584,11 +591,51 @@ fn validate(
     };
     let w = &r.workload;
     c.count("workload.requests", w.requests, MAX_REQUESTS)?;
-    c.count("workload.prompt_tokens", w.prompt_tokens, MAX_PIPELINE_TOKENS)?;
+    let (prompt_tokens, prompts) = match (w.prompt_tokens, &w.prompts) {
+        (Some(n), None) => {
+            if w.tokenizer.is_some() {
+                return Err(c.err("workload.tokenizer", "a tokenizer needs `prompts` (texts)"));
+            }
+            (c.count("workload.prompt_tokens", n, MAX_PIPELINE_TOKENS)?, None)
+        }
+        (None, Some(texts)) if !texts.is_empty() => {
+            let tok = crate::workload::tokenize::Tokenizer::load(
+                w.tokenizer.as_ref().map(|t| dir.join(t)).as_deref(),
+            )
+            .map_err(|e| c.err("workload.tokenizer", e.to_string()))?;
+            let mut ids = Vec::with_capacity(texts.len());
+            for (i, t) in texts.iter().enumerate() {
+                let p: Vec<u32> = tok
+                    .encode(t)
+                    .into_iter()
+                    .map(|id| id % model.vocab as u32)
+                    .collect();
+                if p.is_empty() || p.len() > MAX_PIPELINE_TOKENS as usize {
+                    return Err(c.err(
+                        &format!("workload.prompts[{i}]"),
+                        format!(
+                            "expected 1 to {MAX_PIPELINE_TOKENS} tokens, found {}",
+                            p.len()
+                        ),
+                    ));
+                }
+                ids.push(p);
+            }
+            let longest = ids.iter().map(Vec::len).max().unwrap_or(0) as u32;
+            (longest, Some(ids))
+        }
+        _ => {
+            return Err(c.err(
+                "workload",
+                "expected either prompt_tokens (seeded prompts) or prompts (a non-empty list of texts)",
+            ));
+        }
+    };
     c.count("workload.output_tokens", w.output_tokens, MAX_PIPELINE_TOKENS)?;
     let workload = PipelineWorkload {
         requests: w.requests,
-        prompt_tokens: w.prompt_tokens,
+        prompt_tokens,
+        prompts,
         output_tokens: w.output_tokens,
         arrivals: match (w.arrival_rate_per_s, w.closed_loop) {
             (Some(r), false) => Arrivals::Poisson(c.positive("workload.arrival_rate_per_s", r)?),
