@@ -75,9 +75,6 @@ enum Command {
         /// The scenario file (TOML).
         scenario: PathBuf,
     },
-    /// Serve requests for real on the live host: one ractor actor per pipeline shard, candle
-    /// tensors on the CPU, seeded weights; writes requests.csv and summary.csv.
-    Live(LiveArgs),
     /// Measure each pipeline shard of a real (candle, seeded weights) model on a grid of
     /// prefill and decode shapes and write the profile (TOML) that a profiled sim backend uses.
     Profile(ProfileArgs),
@@ -86,127 +83,6 @@ enum Command {
         #[command(subcommand)]
         command: TraceCommand,
     },
-}
-
-#[derive(Args)]
-struct LiveArgs {
-    /// The model: tiny, tiny-qwen or small.
-    #[arg(long, default_value = "small")]
-    model: String,
-    /// Pipeline shards (contiguous layer ranges, split evenly).
-    #[arg(long, default_value_t = 2)]
-    shards: usize,
-    /// Requests, served one after another.
-    #[arg(long, default_value_t = 8)]
-    requests: u32,
-    /// Prompt length of the seeded prompts.
-    #[arg(long, default_value_t = 64)]
-    prompt_tokens: usize,
-    /// Tokens generated per request (greedy).
-    #[arg(long, default_value_t = 32)]
-    output_tokens: usize,
-    /// Seed of the weights and the prompts.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// Recompute the whole sequence for every token instead of decoding against the caches.
-    #[arg(long)]
-    stateless: bool,
-    /// One prompt text for every request instead of seeded ids. Token ids are taken modulo the
-    /// model's vocabulary (4096 for small), since the seeded models are not trained on any
-    /// tokenizer: the text fixes the ids' pattern, not their meaning.
-    #[arg(long)]
-    prompt: Option<String>,
-    /// A Hugging Face tokenizer.json for --prompt (default: the documented estimate).
-    #[arg(long)]
-    tokenizer: Option<PathBuf>,
-    /// Where to write requests.csv and summary.csv.
-    #[arg(long)]
-    out: PathBuf,
-}
-
-fn live_run(a: &LiveArgs) -> ExitCode {
-    use meshsim::live;
-    use meshsim::shard::DecodeMode;
-    let Some(config) = live::model_by_name(&a.model) else {
-        eprintln!(
-            "error: unknown model {:?} (tiny, tiny-qwen, small)",
-            a.model
-        );
-        return ExitCode::from(EXIT_BAD_INPUT);
-    };
-    if a.requests == 0 || a.output_tokens == 0 || (a.prompt.is_none() && a.prompt_tokens == 0) {
-        eprintln!("error: --requests, --output-tokens and --prompt-tokens must be positive");
-        return ExitCode::from(EXIT_BAD_INPUT);
-    }
-    let prompts: Vec<Vec<u32>> = match &a.prompt {
-        Some(text) => {
-            let tok = match meshsim::workload::tokenize::Tokenizer::load(a.tokenizer.as_deref()) {
-                Ok(t) => t,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return ExitCode::from(EXIT_BAD_INPUT);
-                }
-            };
-            let ids: Vec<u32> = tok
-                .encode(text)
-                .into_iter()
-                .map(|t| t % config.vocab as u32)
-                .collect();
-            if ids.is_empty() {
-                eprintln!("error: --prompt gives no tokens");
-                return ExitCode::from(EXIT_BAD_INPUT);
-            }
-            vec![ids; a.requests as usize]
-        }
-        None => (0..a.requests)
-            .map(|id| live::seeded_prompt(a.seed, id, a.prompt_tokens, config.vocab))
-            .collect(),
-    };
-    let run = live::LiveRun {
-        config,
-        shards: a.shards,
-        requests: a.requests,
-        output_tokens: a.output_tokens,
-        mode: if a.stateless {
-            DecodeMode::Stateless
-        } else {
-            DecodeMode::Cached
-        },
-        seed: a.seed,
-        prompts,
-    };
-    let rt = match tokio::runtime::Runtime::new() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
-            return ExitCode::from(EXIT_FAILED);
-        }
-    };
-    let records = match rt.block_on(live::serve_all(&run)) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(EXIT_FAILED);
-        }
-    };
-    match live::write_results(&a.out, run.policy(), &records) {
-        Ok(s) => {
-            println!(
-                "{}: {} requests, TTFT p50 {:.2} ms, TPOT p50 {:.2} ms, {:.1} output tokens/s -> {}",
-                run.policy(),
-                s.completed,
-                s.ttft.p50,
-                s.tpot.p50,
-                s.output_tokens_per_s,
-                a.out.display()
-            );
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::from(EXIT_FAILED)
-        }
-    }
 }
 
 #[derive(Args)]
@@ -710,7 +586,11 @@ fn describe_pipeline(s: &PipelineScenario) {
     };
     println!(
         "  host: {}; step cost: {cost}; link {:.1} GB/s, {:.1} us one way",
-        if s.live { "live (candle, ractor)" } else { "simulated" },
+        if s.live {
+            "live (candle, ractor)"
+        } else {
+            "simulated"
+        },
         s.link.bandwidth / 1e9,
         s.link.latency.0 as f64 / 1e3
     );
@@ -772,7 +652,10 @@ fn run_pipeline(
     }
     let started = Instant::now();
     let runs = if live {
-        let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        let rt = match tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+        {
             Ok(rt) => rt,
             Err(e) => {
                 eprintln!("error: cannot start the tokio runtime: {e}");
@@ -958,7 +841,6 @@ fn main() -> ExitCode {
         Command::Run { quiet, .. } | Command::Plot { quiet, .. } => *quiet,
         Command::Check { .. }
         | Command::Trace { .. }
-        | Command::Live(_)
         | Command::Profile(_)
         | Command::Compare { .. } => false,
     };
@@ -966,7 +848,6 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Plot { dir, quiet } => plot(&dir, quiet),
         Command::Compare { sim, live, out } => compare(&sim, &live, out.as_deref()),
-        Command::Live(args) => live_run(&args),
         Command::Profile(args) => profile_run(&args),
         Command::Run {
             scenario,

@@ -1,30 +1,32 @@
-//! The live host (ractor shard actors, candle tensors, wall clock) generates exactly what the
-//! in-process route generates, survives a shard actor being stopped and replaced mid-generation
-//! (cache miss, re-prefill, same tokens), and its CLI writes one CSV row per request.
+//! The live host runs the pipeline actors (the same `Head` and `ShardNode` code as the
+//! simulator) on ractor with candle shards, and generates exactly what the in-process
+//! candle `Route` generates: for 1 and 3 shards, Llama- and Qwen-style models, seeded prompts
+//! and prompts given as text through the real Mistral tokenizer. (Two shards, concurrency,
+//! restarts and the CLI are in `tests/pipeline.rs`.)
 //!
-//! Tests wait on explicit completion only: every shard call returns through a reply port, and
-//! a restart waits until the old actor has stopped. Nothing polls the wall clock.
+//! Tests wait on explicit completion only: the live host ends a run when every actor says it
+//! is done; nothing polls the wall clock.
 
 use std::ops::Range;
-use std::process::Command;
+use std::path::Path;
 
 use candle_core::{DType, Device};
 use meshsim::backend::CandleBackend;
 use meshsim::exec::{TransformerConfig, WeightSource};
-use meshsim::live::{LiveHost, seeded_prompt, split_layers};
+use meshsim::live::split_layers;
+use meshsim::pipeline::run::{live, trace};
+use meshsim::pipeline::scenario::PipelineScenario;
 use meshsim::shard::{CacheLimits, DecodeMode, Route, SessionId, Shard};
 use meshsim::units::Nanos;
 
-const SEED: u64 = 42;
-
-fn route(cfg: &TransformerConfig, layers: &[Range<usize>]) -> Route {
+fn route(cfg: &TransformerConfig, layers: &[Range<usize>], seed: u64) -> Route {
     let shards = layers
         .iter()
         .map(|l| {
             let b = CandleBackend::load(
                 cfg,
                 l.clone(),
-                &WeightSource::Seeded(SEED),
+                &WeightSource::Seeded(seed),
                 DType::F32,
                 &Device::Cpu,
             )
@@ -35,121 +37,117 @@ fn route(cfg: &TransformerConfig, layers: &[Range<usize>]) -> Route {
     Route::new(shards).unwrap()
 }
 
-async fn host(cfg: &TransformerConfig, layers: &[Range<usize>]) -> LiveHost {
-    LiveHost::spawn(
-        cfg,
-        layers,
-        WeightSource::Seeded(SEED),
-        CacheLimits::default(),
-    )
-    .await
-    .unwrap()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn live_tokens_equal_the_in_process_route_on_one_and_two_shards() {
-    let cfg = TransformerConfig::tiny();
-    let prompt = seeded_prompt(SEED, 0, 20, cfg.vocab);
-    for shards in [1, 2] {
-        let layers = split_layers(cfg.layers, shards).unwrap();
-        let mut r = route(&cfg, &layers);
-        let h = host(&cfg, &layers).await;
-        for mode in [DecodeMode::Cached, DecodeMode::Stateless] {
-            let want = r
-                .generate(Nanos::ZERO, SessionId(1), prompt.clone(), 12, mode)
-                .unwrap();
-            let got = h
-                .generate(SessionId(1), prompt.clone(), 12, mode)
-                .await
-                .unwrap();
-            assert_eq!(got.tokens, want.tokens, "{shards} shards, {mode:?}");
-            assert_eq!(got.bytes_between_shards, want.bytes_between_shards);
-            assert_eq!(got.cache_misses, 0);
-        }
-        h.shutdown().await.unwrap();
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restarted_shard_actor_causes_a_re_prefill_and_the_same_tokens() {
-    let cfg = TransformerConfig::tiny();
-    let layers = split_layers(cfg.layers, 2).unwrap();
-    let prompt = seeded_prompt(SEED, 1, 16, cfg.vocab);
-    let mut r = route(&cfg, &layers);
-    let want = r
-        .generate(
-            Nanos::ZERO,
-            SessionId(9),
-            prompt.clone(),
-            14,
-            DecodeMode::Cached,
-        )
-        .unwrap();
-
-    for victim in [0, 1] {
-        let mut h = host(&cfg, &layers).await;
-        let s = SessionId(9);
-        let mut g = h
-            .start(s, prompt.clone(), DecodeMode::Cached)
-            .await
-            .unwrap();
-        for _ in 0..5 {
-            h.step(&mut g).await.unwrap();
-        }
-        // Kill the actor and spawn a fresh one with empty caches.
-        h.restart_shard(victim).await.unwrap();
-        assert_eq!(h.shards()[victim].stats().await.unwrap().prefills, 0);
-        for _ in 0..8 {
-            h.step(&mut g).await.unwrap();
-        }
-        assert_eq!(g.tokens, want.tokens, "shard {victim} restarted");
-        assert_eq!(g.cache_misses, 1, "shard {victim} restarted");
-        let stats = h.shards()[victim].stats().await.unwrap();
-        // The new actor answered one miss, took the re-prefill, then decoded the rest.
-        assert_eq!(stats.prefills, 1);
-        assert_eq!(stats.cache_misses, 1);
-        h.shutdown().await.unwrap();
-    }
-}
-
-#[test]
-fn the_cli_writes_one_row_per_request_in_both_csvs() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_meshsim"))
-        .args([
-            "live",
-            "--model",
-            "tiny",
-            "--shards",
-            "2",
-            "--requests",
-            "3",
-            "--prompt-tokens",
-            "12",
-            "--output-tokens",
-            "4",
-            "--seed",
-            "7",
-            "--out",
-        ])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+fn scenario(model: &str, shards: usize, workload: &str) -> PipelineScenario {
+    let text = format!(
+        r#"
+name = "live_test"
+seed = 5
+policies = ["cached", "stateless"]
+mode = "live"
+[pipeline]
+model = "{model}"
+shards = {shards}
+max_active_sessions = 2
+cost = "analytic"
+[pipeline.gpu]
+name = "cpu"
+memory_gib = 1.0
+memory_bandwidth_gb_per_s = 10.0
+peak_tflops = 0.1
+compute_efficiency = 1.0
+memory_efficiency = 1.0
+[pipeline.link]
+bandwidth_gb_per_s = 100.0
+latency_us = 0.0
+[workload]
+requests = 3
+output_tokens = 9
+arrival_rate_per_s = 200.0
+{workload}
+"#
     );
-    let requests = std::fs::read_to_string(dir.path().join("requests.csv")).unwrap();
-    let lines: Vec<&str> = requests.lines().collect();
-    assert_eq!(lines.len(), 4, "{requests}");
-    assert!(lines[0].starts_with("policy,request,arrival_ns"));
-    for l in &lines[1..] {
-        assert!(l.starts_with("live-cached,"), "{l}");
-        assert!(l.contains(",ok,12,4,"), "{l}");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+    PipelineScenario::parse("live_test.toml", "live_test", &dir, &text).unwrap()
+}
+
+/// Runs `s` live in both modes and checks every request against the in-process route.
+async fn live_equals_route(s: &PipelineScenario) {
+    assert!(s.live);
+    let cfg = s.model.clone();
+    let mut r = route(&cfg, &s.layers, s.seed);
+    let requests = trace(s);
+    for mode in [DecodeMode::Cached, DecodeMode::Stateless] {
+        let run = live(s, mode).await.unwrap();
+        assert_eq!(run.report.outputs.len(), requests.len(), "{mode:?}");
+        for (id, got) in &run.report.outputs {
+            let req = &requests[*id as usize];
+            let want = r
+                .generate(
+                    Nanos::ZERO,
+                    SessionId(1000 + *id as u64),
+                    req.prompt.clone(),
+                    9,
+                    mode,
+                )
+                .unwrap();
+            assert_eq!(got.as_slice(), want.output(), "request {id}, {mode:?}");
+        }
+        for rec in &run.report.records {
+            assert!(rec.completed(), "{rec:?}");
+            assert_eq!(rec.output_tokens, 9);
+            assert_eq!(
+                rec.prompt_tokens as usize,
+                requests[rec.id as usize].prompt.len()
+            );
+        }
+        assert_eq!(run.summary.preemptions, 0);
     }
-    let summary = std::fs::read_to_string(dir.path().join("summary.csv")).unwrap();
-    let lines: Vec<&str> = summary.lines().collect();
-    assert_eq!(lines.len(), 2, "{summary}");
-    assert!(lines[1].starts_with("live-cached,3,3,"), "{summary}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_tokens_equal_the_route_on_one_and_three_shards() {
+    for shards in [1, 3] {
+        let s = scenario("tiny", shards, "prompt_tokens = 14");
+        assert_eq!(s.layers, split_layers(4, shards).unwrap());
+        live_equals_route(&s).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_tokens_equal_the_route_for_a_qwen_style_model() {
+    live_equals_route(&scenario("tiny-qwen", 2, "prompt_tokens = 10")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_prompts_go_through_the_tokenizer() {
+    let tokenizer =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/datasets/tokenizers/mistral-v1.json");
+    if !tokenizer.exists() {
+        eprintln!("skipped: {} is absent", tokenizer.display());
+        return;
+    }
+    let w = format!(
+        "prompts = [\"What does a KV cache hold?\", \"Pipeline parallelism splits layers.\"]\ntokenizer = {:?}",
+        tokenizer.display().to_string()
+    );
+    let s = scenario("tiny", 2, &w);
+    let prompts = s.workload.prompts.clone().unwrap();
+    // The real tokenizer: a start-of-text-free encoding of 8 or so pieces, ids below the
+    // tiny model's vocabulary after the modulo.
+    assert_eq!(prompts.len(), 2);
+    assert!(
+        prompts.iter().all(|p| p.len() >= 6 && p.len() <= 16),
+        "{prompts:?}"
+    );
+    assert!(
+        prompts
+            .iter()
+            .flatten()
+            .all(|&t| (t as usize) < s.model.vocab)
+    );
+    assert_ne!(prompts[0], prompts[1]);
+    // Request i uses text i mod 2.
+    let t = trace(&s);
+    assert_eq!(t[2].prompt, prompts[0]);
+    live_equals_route(&s).await;
 }

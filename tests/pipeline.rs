@@ -229,8 +229,10 @@ fn simulation_is_deterministic_across_runs_threads_and_the_cli() {
         a.iter().map(|r| r.mode).collect::<Vec<_>>(),
         [DecodeMode::Cached, DecodeMode::Stateless]
     );
-    // The restart did happen, so the determinism covers a re-prefill.
-    assert_eq!(a[0].summary.preemptions, 1);
+    // The restart did happen (dropping the state of every session active then), so the
+    // determinism covers re-prefills.
+    assert!(a[0].summary.preemptions >= 1, "{:?}", a[0].summary);
+    assert_eq!(a[1].summary.preemptions, 0);
 
     let dir = tempdir();
     let file = dir.path().join("det.toml");
@@ -590,6 +592,28 @@ async fn a_live_restart_re_prefills_and_leaves_the_tokens_unchanged() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_decode_steps_that_all_miss_still_give_the_route_tokens() {
+    // A TTL far below a step: every decode step of every session misses at a shard, and the
+    // head re-prefills; the tokens must not change.
+    let spec = Spec {
+        restarts: vec![],
+        ttl_s: 1e-6,
+        requests: 3,
+        output: 8,
+        rate: 1e3,
+        policies: r#"["cached"]"#,
+        ..Spec::tiny()
+    };
+    let s = spec.scenario();
+    let want = reference(&s, DecodeMode::Cached);
+    let r = live_run(&s, DecodeMode::Cached).await;
+    assert_all_complete(&r, spec.requests, spec.output);
+    assert_eq!(r.report.outputs, want);
+    assert_eq!(preemptions(&r.report.records), [spec.output - 1; 3]);
+    assert_misses_consistent(&r);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sim_and_live_hosts_generate_as_many_tokens_per_request() {
     let spec = Spec::tiny();
     let s = spec.scenario();
@@ -741,6 +765,13 @@ fn bad_pipeline_scenarios_exit_2_naming_the_key_and_write_nothing() {
             vec!["pipeline.max_active_sessions"],
         ),
     ];
+    // The unedited scenario is valid, so the rejections below come from the edits.
+    let dir = tempdir();
+    let file = dir.path().join("good.toml");
+    std::fs::write(&file, &good).unwrap();
+    let o = meshsim(&["check", path_str(&file)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+
     for (name, text, needles) in &cases {
         let dir = tempdir();
         let file = dir.path().join(format!("bad_{name}.toml"));

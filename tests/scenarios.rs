@@ -3,22 +3,32 @@
 use std::path::Path;
 
 use meshsim::Scenario;
+use meshsim::pipeline::scenario::{PipelineScenario, is_pipeline};
 
 #[test]
 fn every_bundled_scenario_validates() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
     let mut n = 0;
+    let mut pipelines = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_none_or(|e| e != "toml") {
             continue;
         }
-        let s = Scenario::load(&path).unwrap_or_else(|e| panic!("{e}"));
         let stem = path.file_stem().unwrap().to_string_lossy();
+        if is_pipeline(&std::fs::read_to_string(&path).unwrap()) {
+            let s = PipelineScenario::load(&path).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(s.name, stem, "{}", path.display());
+            assert!(!s.live, "{}: bundled pipeline scenarios simulate", path.display());
+            pipelines += 1;
+            continue;
+        }
+        let s = Scenario::load(&path).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(s.name, stem, "{}", path.display());
         assert_eq!(s.policies.len(), 4, "{}: all four policies", path.display());
         assert_eq!(s.hardware.gpu.name, "A100-SXM4-40GB", "{}", path.display());
         n += 1;
     }
     assert!(n >= 12, "{n} scenarios");
+    assert!(pipelines >= 4, "{pipelines} pipeline scenarios");
 }

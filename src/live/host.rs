@@ -112,8 +112,10 @@ impl Context for LiveCtx<'_> {
     }
     fn start(&mut self, work: Work, done: Msg) {
         if !matches!(work, Work::Compute(_)) {
-            self.shared
-                .error(format!("actor {}: {work:?} cannot run on the live host", self.me.0));
+            self.shared.error(format!(
+                "actor {}: {work:?} cannot run on the live host",
+                self.me.0
+            ));
         }
         self.shared.deliver(self.me, done);
     }

@@ -44,7 +44,7 @@ struct Times {
 
 type Key = (String, String, u32);
 
-fn load(dir: &Path) -> Result<BTreeMap<Key, Times>, CompareError> {
+fn load(dir: &Path) -> Result<Vec<(Key, Times)>, CompareError> {
     let path = dir.join("requests.csv");
     let text = std::fs::read_to_string(&path).map_err(|source| CompareError::Read {
         path: path.clone(),
@@ -71,12 +71,15 @@ fn load(dir: &Path) -> Result<BTreeMap<Key, Times>, CompareError> {
         need("tpot_ns")?,
     );
     let point = col("point");
-    let mut out = BTreeMap::new();
+    let mut out = Vec::new();
     for (i, l) in lines.enumerate() {
         let n = i + 2;
         let f: Vec<&str> = l.split(',').collect();
         if f.len() != header.len() {
-            return Err(bad(n, format!("{} fields, expected {}", f.len(), header.len())));
+            return Err(bad(
+                n,
+                format!("{} fields, expected {}", f.len(), header.len()),
+            ));
         }
         if f[status] != "ok" {
             continue;
@@ -98,7 +101,7 @@ fn load(dir: &Path) -> Result<BTreeMap<Key, Times>, CompareError> {
             },
         };
         let p = point.map(|c| f[c].to_string()).unwrap_or_default();
-        out.insert((p, f[policy].to_string(), id), t);
+        out.push(((p, f[policy].to_string(), id), t));
     }
     Ok(out)
 }
@@ -119,14 +122,17 @@ fn sorted(mut v: Vec<f64>) -> Vec<f64> {
 /// A markdown report comparing the simulated folder `sim` with the live folder `live`.
 pub fn compare(sim: &Path, live: &Path) -> Result<String, CompareError> {
     let a = load(sim)?;
-    let b = load(live)?;
+    let b: BTreeMap<Key, Times> = load(live)?.into_iter().collect();
+    // Groups in the order of the simulated file (sweep points as run, then policies).
+    let mut order: Vec<(String, String)> = Vec::new();
     let mut groups: BTreeMap<(String, String), Vec<(Times, Times)>> = BTreeMap::new();
     for (k, s) in &a {
         if let Some(l) = b.get(k) {
-            groups
-                .entry((k.0.clone(), k.1.clone()))
-                .or_default()
-                .push((*s, *l));
+            let g = (k.0.clone(), k.1.clone());
+            if !groups.contains_key(&g) {
+                order.push(g.clone());
+            }
+            groups.entry(g).or_default().push((*s, *l));
         }
     }
     if groups.is_empty() {
@@ -143,8 +149,13 @@ pub fn compare(sim: &Path, live: &Path) -> Result<String, CompareError> {
         md,
         "| point | policy | requests | TTFT p50 sim | live | error | TTFT p99 sim | live | error | mean abs. TTFT error | TPOT p50 sim | live | error |"
     );
-    let _ = writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for ((point, policy), pairs) in &groups {
+    let _ = writeln!(
+        md,
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for key in &order {
+        let (point, policy) = key;
+        let pairs = &groups[key];
         let st = sorted(pairs.iter().map(|p| p.0.ttft).collect());
         let lt = sorted(pairs.iter().map(|p| p.1.ttft).collect());
         let sp = sorted(pairs.iter().filter_map(|p| p.0.tpot).collect());
@@ -155,7 +166,13 @@ pub fn compare(sim: &Path, live: &Path) -> Result<String, CompareError> {
             .map(|p| (p.0.ttft - p.1.ttft).abs() / p.1.ttft)
             .sum::<f64>()
             / pairs.len() as f64;
-        let q = |v: &[f64], q: f64| if v.is_empty() { 0.0 } else { nearest_rank(v, q) };
+        let q = |v: &[f64], q: f64| {
+            if v.is_empty() {
+                0.0
+            } else {
+                nearest_rank(v, q)
+            }
+        };
         let _ = writeln!(
             md,
             "| {} | {policy} | {} | {:.1} | {:.1} | {} | {:.1} | {:.1} | {} | {:.1}% | {:.2} | {:.2} | {} |",

@@ -210,8 +210,10 @@ impl Head {
         };
         let id = session.0 as u32;
         let Some(mut a) = self.active.remove(&session.0) else {
-            self.violations
-                .push(format!("a reply for session {} that is not running", session.0));
+            self.violations.push(format!(
+                "a reply for session {} that is not running",
+                session.0
+            ));
             return;
         };
         let token = match outcome {
@@ -231,9 +233,8 @@ impl Head {
                 a.g.full_request(Mode::Prefill)
             }
             (None, _) => {
-                self.violations.push(format!(
-                    "request {id}: a full pass answered a cache miss"
-                ));
+                self.violations
+                    .push(format!("request {id}: a full pass answered a cache miss"));
                 self.admit_waiting(ctx);
                 return;
             }
@@ -406,7 +407,7 @@ impl ShardNode {
                 .push(format!("shard {}: work ended while idle", self.index));
             return;
         };
-        self.busy_total = self.busy_total + (ctx.now() - self.busy_since);
+        self.busy_total += ctx.now() - self.busy_since;
         match (reply, self.next) {
             (ShardReply::Forward(req), Some(next)) => {
                 let bytes = req.input.bytes();

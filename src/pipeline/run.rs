@@ -7,7 +7,9 @@
 //! * **sim**: [`SimBackend`] (analytic roofline, or a measured profile) on [`SimHost`]. The
 //!   head runs at the frontend, shard `i` on node `i`; every message crosses the scenario's
 //!   `[pipeline.link]` (bandwidth per direction, one-way latency), FIFO per link, as in the
-//!   cluster model.
+//!   cluster model. With `shared_device = true` every shard sits on node 0 and their steps
+//!   queue for its one device (FIFO), as shard actors sharing one CPU do on the live host;
+//!   messages between shards then cost nothing.
 //! * **live**: [`CandleBackend`] (f32, weights seeded from the scenario's seed, on the default
 //!   device) on [`crate::live::host`], with the wall clock.
 //!
@@ -28,9 +30,7 @@ use crate::actor::Actor;
 use crate::backend::{CandleBackend, ModelBackend, SimBackend};
 use crate::exec::{WeightSource, default_device};
 use crate::hardware::network::Network;
-use crate::hardware::{
-    GpuSpec, HardwareSpec, HostSpec, LinkSpec, NetworkSpec, Place, SsdSpec,
-};
+use crate::hardware::{GpuSpec, HardwareSpec, HostSpec, LinkSpec, NetworkSpec, Place, SsdSpec};
 use crate::live::LiveError;
 use crate::metrics::{Report, RequestRecord, Summary};
 use crate::model::cost::CostModel;
@@ -176,7 +176,10 @@ fn sim_backends(s: &PipelineScenario) -> Vec<Box<dyn ModelBackend>> {
                 )),
                 CostSource::Profile { profile, .. } => {
                     // Validation checked that the profile has exactly the scenario's ranges.
-                    let p = profile.shard(l).cloned().expect("a profile for every shard");
+                    let p = profile
+                        .shard(l)
+                        .cloned()
+                        .expect("a profile for every shard");
                     Box::new(SimBackend::profiled(model.clone(), l.clone(), p))
                 }
             }
@@ -199,10 +202,11 @@ pub fn simulate(s: &PipelineScenario, mode: DecodeMode) -> Result<PipelineRun, S
     );
     let mut host = SimHost::new(network(s), cost, s.limits, s.seed);
     for (i, a) in actors(s, mode, sim_backends(s)).into_iter().enumerate() {
-        let place = if i == 0 {
-            Place::Frontend
-        } else {
-            Place::Host { node: i as u32 - 1 }
+        let place = match i {
+            0 => Place::Frontend,
+            // One device for all shards: their compute queues on one place.
+            _ if s.shared_device => Place::Host { node: 0 },
+            _ => Place::Host { node: i as u32 - 1 },
         };
         host.add(a, place);
     }

@@ -45,9 +45,7 @@ use crate::hardware::{GpuSpec, LinkSpec};
 use crate::model::ModelConfig;
 use crate::profile::Profile;
 use crate::scenario::raw::RawGpu;
-use crate::scenario::{
-    Check, MAX_REQUESTS, ScenarioError, gpu_spec, line_col, sweep_texts,
-};
+use crate::scenario::{Check, MAX_REQUESTS, ScenarioError, gpu_spec, line_col, sweep_texts};
 use crate::shard::{CacheLimits, DecodeMode};
 use crate::sim::kernel::Limits;
 use crate::units::{GB, Nanos};
@@ -114,6 +112,9 @@ pub struct PipelineScenario {
     pub max_active: usize,
     pub max_waiting: usize,
     pub cost: CostSource,
+    /// All shards share one device (a live run's CPU): their steps run one at a time. Otherwise
+    /// each shard has its own device on its own node.
+    pub shared_device: bool,
     pub link: LinkSpec,
     pub workload: PipelineWorkload,
     pub restarts: Vec<RestartAt>,
@@ -220,6 +221,8 @@ struct RawPipeline {
     cost: RawCost,
     #[serde(default)]
     dtype: RawDtype,
+    #[serde(default)]
+    shared_device: bool,
     profile: Option<String>,
     gpu: Option<RawGpu>,
     #[serde(default)]
@@ -294,7 +297,6 @@ pub fn is_pipeline(text: &str) -> bool {
         .map(|t| matches!(t.get("pipeline"), Some(toml::Value::Table(_))))
         .unwrap_or(false)
 }
-
 
 impl PipelineScenario {
     /// Reads and validates a pipeline scenario file.
@@ -547,8 +549,8 @@ fn validate(
                 )
             })?;
             let path = dir.join(rel);
-            let profile = Profile::load(&path)
-                .map_err(|e| c.err("pipeline.profile", e.to_string()))?;
+            let profile =
+                Profile::load(&path).map_err(|e| c.err("pipeline.profile", e.to_string()))?;
             if profile.model != p.model {
                 return Err(c.err(
                     "pipeline.profile",
@@ -576,8 +578,10 @@ fn validate(
         }
     };
     let link = LinkSpec {
-        bandwidth: c.positive("pipeline.link.bandwidth_gb_per_s", p.link.bandwidth_gb_per_s)?
-            * GB,
+        bandwidth: c.positive(
+            "pipeline.link.bandwidth_gb_per_s",
+            p.link.bandwidth_gb_per_s,
+        )? * GB,
         latency: {
             let us = p.link.latency_us;
             if !(us.is_finite() && (0.0..=1e6).contains(&us)) {
@@ -596,7 +600,10 @@ fn validate(
             if w.tokenizer.is_some() {
                 return Err(c.err("workload.tokenizer", "a tokenizer needs `prompts` (texts)"));
             }
-            (c.count("workload.prompt_tokens", n, MAX_PIPELINE_TOKENS)?, None)
+            (
+                c.count("workload.prompt_tokens", n, MAX_PIPELINE_TOKENS)?,
+                None,
+            )
         }
         (None, Some(texts)) if !texts.is_empty() => {
             let tok = crate::workload::tokenize::Tokenizer::load(
@@ -631,7 +638,11 @@ fn validate(
             ));
         }
     };
-    c.count("workload.output_tokens", w.output_tokens, MAX_PIPELINE_TOKENS)?;
+    c.count(
+        "workload.output_tokens",
+        w.output_tokens,
+        MAX_PIPELINE_TOKENS,
+    )?;
     let workload = PipelineWorkload {
         requests: w.requests,
         prompt_tokens,
@@ -660,7 +671,16 @@ fn validate(
         if x.request >= w.requests {
             return Err(c.err(
                 &key("request"),
-                format!("expected a request below {}, found {}", w.requests, x.request),
+                format!(
+                    "expected a request below {}, found {}",
+                    w.requests, x.request
+                ),
+            ));
+        }
+        if w.output_tokens < 2 {
+            return Err(c.err(
+                &key("after_tokens"),
+                "a restart falls between two generated tokens, and requests generate only one",
             ));
         }
         if x.after_tokens == 0 || x.after_tokens >= w.output_tokens {
@@ -703,6 +723,7 @@ fn validate(
         max_active,
         max_waiting: p.max_waiting_requests,
         cost,
+        shared_device: p.shared_device,
         link,
         workload,
         restarts,

@@ -211,10 +211,12 @@ impl Results {
     }
 }
 
-/// The figures drawn for pipeline or other results.
+/// The figures drawn for pipeline or other results. Pipeline routes have no prefix store, so
+/// their results get no `prefix_hits` figure.
 pub(crate) fn figures(pipeline: bool) -> Vec<Figure> {
     let mut v = Figure::ALL.to_vec();
     if pipeline {
+        v.retain(|f| *f != Figure::PrefixHits);
         v.push(Figure::TpsOutput);
     }
     v

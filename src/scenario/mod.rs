@@ -257,10 +257,9 @@ pub(crate) fn gpu_spec(c: &Check, key: &str, g: &RawGpu) -> Result<GpuSpec, Scen
     Ok(GpuSpec {
         name: g.name.clone(),
         memory_bytes: (c.positive(&k("memory_gib"), g.memory_gib)? * GIB as f64) as u64,
-        memory_bandwidth: c.positive(
-            &k("memory_bandwidth_gb_per_s"),
-            g.memory_bandwidth_gb_per_s,
-        )? * GB,
+        memory_bandwidth: c
+            .positive(&k("memory_bandwidth_gb_per_s"), g.memory_bandwidth_gb_per_s)?
+            * GB,
         peak_flops: c.positive(&k("peak_tflops"), g.peak_tflops)? * 1e12,
         compute_efficiency: c.fraction(&k("compute_efficiency"), g.compute_efficiency)?,
         memory_efficiency: c.fraction(&k("memory_efficiency"), g.memory_efficiency)?,

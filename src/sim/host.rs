@@ -9,7 +9,9 @@
 //! * `start(Work::Fetch)`: after the posting overhead (per request plus per segment), the bytes
 //!   cross the links from the source to the actor's place;
 //! * `start(Work::Ssd)`: the bytes cross the node's SSD read or write channel;
-//! * `start(Work::Compute(d))`: after exactly `d`, the backend's modelled duration;
+//! * `start(Work::Compute(d))`: for `d`, the backend's modelled duration, on the device of the
+//!   actor's place: compute work of actors that share a place runs one piece at a time, in
+//!   the order it was started (FIFO), so shards sharing one device wait for each other;
 //! * `timer`: after exactly the requested delay;
 //! * `rng`: the actor's own ChaCha8 stream, numbered `ACTOR_BASE + actor id`.
 //!
@@ -39,6 +41,8 @@ pub struct SimHost {
     cost: CostModel,
     seed: u64,
     fetch_overhead: FetchOverhead,
+    /// When each place's device is free of compute work (places that ran any).
+    compute_free: Vec<(Place, Nanos)>,
 }
 
 /// Fixed costs of posting a bulk fetch: per request and per gathered segment.
@@ -54,6 +58,7 @@ struct SimCtx<'a> {
     network: &'a mut Network,
     cost: &'a CostModel,
     places: &'a [Place],
+    compute_free: &'a mut Vec<(Place, Nanos)>,
     me: ActorId,
     rng: &'a mut Stream,
 }
@@ -95,7 +100,18 @@ impl Context for SimCtx<'_> {
                 let node = here.node().expect("SSD work runs on a node");
                 self.network.ssd(now, node, write, bytes)
             }
-            Work::Compute(d) => now + d,
+            Work::Compute(d) => {
+                let slot = match self.compute_free.iter().position(|(p, _)| *p == here) {
+                    Some(i) => i,
+                    None => {
+                        self.compute_free.push((here, Nanos::ZERO));
+                        self.compute_free.len() - 1
+                    }
+                };
+                let end = now.max(self.compute_free[slot].1) + d;
+                self.compute_free[slot].1 = end;
+                end
+            }
         };
         self.kernel.schedule(at, self.me, done);
     }
@@ -122,6 +138,7 @@ impl SimHost {
             cost,
             seed,
             fetch_overhead: FetchOverhead::default(),
+            compute_free: Vec::new(),
         }
     }
 
@@ -160,6 +177,7 @@ impl SimHost {
                 network: &mut self.network,
                 cost: &self.cost,
                 places: &places,
+                compute_free: &mut self.compute_free,
                 me: event.target,
                 rng: &mut slot.rng,
             };
