@@ -19,7 +19,11 @@ fn every_bundled_scenario_validates() {
         if is_pipeline(&std::fs::read_to_string(&path).unwrap()) {
             let s = PipelineScenario::load(&path).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(s.name, stem, "{}", path.display());
-            assert!(!s.live, "{}: bundled pipeline scenarios simulate", path.display());
+            assert!(
+                !s.live,
+                "{}: bundled pipeline scenarios simulate",
+                path.display()
+            );
             pipelines += 1;
             continue;
         }

@@ -16,3 +16,58 @@ fn small_scenario_summary_under_every_policy() {
     }
     insta::assert_snapshot!(out);
 }
+
+/// Pins both decode modes of a pipeline route: 4 Mistral-7B shards, 6 sessions at once against
+/// session caches of 4 (LRU re-prefills), a shard restart, Poisson arrivals.
+#[test]
+fn pipeline_summary_under_both_decode_modes() {
+    use meshsim::metrics::write::write_summary;
+    use meshsim::pipeline::run::simulate_all;
+    use meshsim::pipeline::scenario::PipelineScenario;
+    let text = r#"
+name = "pipeline_snapshot"
+seed = 9
+policies = ["cached", "stateless"]
+[pipeline]
+model = "mistral-7b-instruct-v0.2"
+shards = 4
+max_sessions = 4
+max_active_sessions = 6
+cost = "analytic"
+dtype = "bf16"
+step_overhead_us = 100.0
+[pipeline.gpu]
+name = "A100-SXM4-40GB"
+memory_gib = 40.0
+memory_bandwidth_gb_per_s = 1555.0
+peak_tflops = 312.0
+compute_efficiency = 0.6
+memory_efficiency = 0.8
+[pipeline.link]
+bandwidth_gb_per_s = 25.0
+latency_us = 2.5
+[[pipeline.restart]]
+shard = 1
+request = 3
+after_tokens = 10
+[workload]
+requests = 40
+prompt_tokens = 512
+output_tokens = 48
+arrival_rate_per_s = 4.0
+"#;
+    let s = PipelineScenario::parse("snapshot.toml", "snapshot", std::path::Path::new("."), text)
+        .unwrap();
+    let runs = simulate_all(&s, 2).unwrap();
+    let summaries: Vec<_> = runs.iter().map(|r| r.summary.clone()).collect();
+    let mut csv = Vec::new();
+    write_summary(&mut csv, &summaries).unwrap();
+    let text = String::from_utf8(csv).unwrap();
+    let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split(',').collect()).collect();
+    let mut out = String::new();
+    for (i, column) in rows[0].iter().enumerate() {
+        let values: Vec<&str> = rows[1..].iter().map(|r| r[i]).collect();
+        out += &format!("{column:<26} {}\n", values.join("  "));
+    }
+    insta::assert_snapshot!(out);
+}
