@@ -10,7 +10,11 @@
 //!
 //! Real execution: [`exec`] is a transformer on candle tensors that runs any layer range;
 //! [`backend`] is the boundary that shards use (simulated or real); [`shard`] holds the
-//! pipeline shards with their session caches and the route that drives greedy generation.
+//! pipeline shard state machine with its session caches and an in-process route. [`pipeline`]
+//! turns shards into actors (a head and one actor per layer range) that run unchanged on the
+//! simulator or on the [`live`] host (ractor, candle, wall clock); [`profile`] measures the
+//! candle backend so that simulations can use measured step times, and
+//! [`pipeline::compare`] reports how far a simulation is from a live run.
 
 pub mod actor;
 pub mod backend;
