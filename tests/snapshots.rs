@@ -3,18 +3,23 @@
 
 mod common;
 
-#[test]
-fn small_scenario_summary_under_every_policy() {
-    let s = common::small();
-    let (_, summary) = common::run_to_files(&s, 2);
-    let text = String::from_utf8(summary).unwrap();
-    let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split(',').collect()).collect();
+/// A summary CSV with one line per column, so that a change reads as a small diff.
+fn transposed(csv: &str) -> String {
+    let rows: Vec<Vec<&str>> = csv.lines().map(|l| l.split(',').collect()).collect();
     let mut out = String::new();
     for (i, column) in rows[0].iter().enumerate() {
         let values: Vec<&str> = rows[1..].iter().map(|r| r[i]).collect();
         out += &format!("{column:<26} {}\n", values.join("  "));
     }
-    insta::assert_snapshot!(out);
+    out
+}
+
+#[test]
+fn small_scenario_summary_under_every_policy() {
+    let s = common::small();
+    let (_, summary) = common::run_to_files(&s, 2);
+    let text = String::from_utf8(summary).unwrap();
+    insta::assert_snapshot!(transposed(&text));
 }
 
 /// Pins both decode modes of a pipeline route: 4 Mistral-7B shards, 6 sessions at once against
@@ -63,11 +68,5 @@ arrival_rate_per_s = 4.0
     let mut csv = Vec::new();
     write_summary(&mut csv, &summaries).unwrap();
     let text = String::from_utf8(csv).unwrap();
-    let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split(',').collect()).collect();
-    let mut out = String::new();
-    for (i, column) in rows[0].iter().enumerate() {
-        let values: Vec<&str> = rows[1..].iter().map(|r| r[i]).collect();
-        out += &format!("{column:<26} {}\n", values.join("  "));
-    }
-    insta::assert_snapshot!(out);
+    insta::assert_snapshot!(transposed(&text));
 }

@@ -56,6 +56,8 @@ pub const MAX_PIPELINE_TOKENS: u32 = 1 << 16;
 pub const MAX_SESSIONS: usize = 1 << 16;
 /// Most shards of a route.
 pub const MAX_SHARDS: usize = 256;
+/// Most prompt tokens a trace may hold in all (the head keeps every prompt: 1 GiB of ids).
+pub const MAX_TRACE_TOKENS: u64 = 1 << 28;
 
 /// Where the shards' step durations come from in a simulation.
 #[derive(Clone, Debug, PartialEq)]
@@ -390,18 +392,7 @@ fn validate(
     r: Raw,
 ) -> Result<PipelineScenario, ScenarioError> {
     let c = Check { file };
-    let name = r.name.unwrap_or_else(|| default_name.to_string());
-    let name_ok = !name.is_empty()
-        && name
-            .chars()
-            .all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch))
-        && !name.starts_with('.');
-    if !name_ok {
-        return Err(c.err(
-            "name",
-            format!("expected letters, digits, '-', '_' or '.', found {name:?}"),
-        ));
-    }
+    let name = c.name(r.name, default_name)?;
     if r.policies.is_empty() {
         return Err(c.err("policies", "expected \"cached\" and/or \"stateless\""));
     }
@@ -643,6 +634,16 @@ fn validate(
         w.output_tokens,
         MAX_PIPELINE_TOKENS,
     )?;
+    if w.requests as u64 * prompt_tokens as u64 > MAX_TRACE_TOKENS {
+        return Err(c.err(
+            "workload.requests",
+            format!(
+                "{} requests of {prompt_tokens} prompt tokens exceed the {MAX_TRACE_TOKENS} \
+                 prompt tokens a trace may hold",
+                w.requests
+            ),
+        ));
+    }
     let workload = PipelineWorkload {
         requests: w.requests,
         prompt_tokens,

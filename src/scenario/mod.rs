@@ -118,6 +118,30 @@ impl Check<'_> {
         }
     }
 
+    /// The scenario's name (or `default_name`): it names the results folder.
+    pub(crate) fn name(
+        &self,
+        name: Option<String>,
+        default_name: &str,
+    ) -> Result<String, ScenarioError> {
+        let name = name.unwrap_or_else(|| default_name.to_string());
+        let ok = !name.is_empty()
+            && name
+                .chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch))
+            && !name.starts_with('.');
+        if !ok {
+            return Err(self.err(
+                "name",
+                format!(
+                    "expected letters, digits, '-', '_' or '.' (it names the results folder), \
+                     found {name:?}"
+                ),
+            ));
+        }
+        Ok(name)
+    }
+
     pub(crate) fn positive(&self, key: &str, v: f64) -> Result<f64, ScenarioError> {
         if v.is_finite() && v > 0.0 {
             Ok(v)
@@ -275,21 +299,7 @@ fn kv_bytes_per_instance(hw: &HardwareSpec, model: &ModelConfig, tp: u32, reserv
 
 fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenario, ScenarioError> {
     let c = Check { file };
-    let name = r.name.unwrap_or_else(|| default_name.to_string());
-    let name_ok = !name.is_empty()
-        && name
-            .chars()
-            .all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch))
-        && !name.starts_with('.');
-    if !name_ok {
-        return Err(c.err(
-            "name",
-            format!(
-                "expected letters, digits, '-', '_' or '.' (it names the results folder), \
-                 found {name:?}"
-            ),
-        ));
-    }
+    let name = c.name(r.name, default_name)?;
     if r.policies.is_empty() {
         return Err(c.err("policies", "expected at least one policy"));
     }
