@@ -45,7 +45,7 @@ use crate::hardware::{GpuSpec, LinkSpec};
 use crate::model::ModelConfig;
 use crate::profile::Profile;
 use crate::scenario::raw::RawGpu;
-use crate::scenario::{Check, MAX_REQUESTS, ScenarioError, gpu_spec, line_col, sweep_texts};
+use crate::scenario::{Check, MAX_REQUESTS, ScenarioError, deserialize, gpu_spec, sweep_texts};
 use crate::shard::{CacheLimits, DecodeMode};
 use crate::sim::kernel::Limits;
 use crate::units::{GB, Nanos};
@@ -325,18 +325,7 @@ impl PipelineScenario {
         dir: &Path,
         text: &str,
     ) -> Result<PipelineScenario, ScenarioError> {
-        let toml_err = |key: String, e: &toml::de::Error| ScenarioError {
-            file: file.to_string(),
-            key,
-            message: e.message().trim_end().to_string(),
-            line_col: e.span().map(|s| line_col(text, s.start)),
-        };
-        let de = toml::Deserializer::parse(text).map_err(|e| toml_err(String::new(), &e))?;
-        let raw: Raw = serde_path_to_error::deserialize(de).map_err(|e| {
-            let path = e.path().to_string();
-            let key = if path == "." { String::new() } else { path };
-            toml_err(key, e.inner())
-        })?;
+        let raw: Raw = deserialize(file, text)?;
         let sweep = raw.sweep.clone();
         let mut s = validate(file, default_name, dir, text, raw)?;
         if let Some(sweep) = sweep {
@@ -367,20 +356,7 @@ impl PipelineScenario {
 
     /// The model numbers the sim backend needs, at this scenario's element size.
     pub fn model_config(&self) -> ModelConfig {
-        let m = &self.model;
-        ModelConfig {
-            name: "pipeline",
-            layers: m.layers as u64,
-            hidden: m.hidden as u64,
-            ffn: m.ffn as u64,
-            heads: m.heads as u64,
-            kv_heads: m.kv_heads as u64,
-            head_dim: m.head_dim as u64,
-            vocab: m.vocab as u64,
-            bytes_per_element: self.bytes_per_element,
-            tied_embeddings: m.tied_embeddings,
-            qkv_bias: m.qkv_bias,
-        }
+        self.model.model_config(self.bytes_per_element)
     }
 }
 

@@ -222,18 +222,7 @@ impl Scenario {
     /// Parses and validates scenario `text`; `file` names it in errors and `default_name`
     /// is used when the file has no `name` key.
     pub fn parse(file: &str, default_name: &str, text: &str) -> Result<Scenario, ScenarioError> {
-        let toml_err = |key: String, e: &toml::de::Error| ScenarioError {
-            file: file.to_string(),
-            key,
-            message: e.message().trim_end().to_string(),
-            line_col: e.span().map(|s| line_col(text, s.start)),
-        };
-        let de = toml::Deserializer::parse(text).map_err(|e| toml_err(String::new(), &e))?;
-        let raw: Raw = serde_path_to_error::deserialize(de).map_err(|e| {
-            let path = e.path().to_string();
-            let key = if path == "." { String::new() } else { path };
-            toml_err(key, e.inner())
-        })?;
+        let raw: Raw = deserialize(file, text)?;
         let sweep = raw.sweep.clone();
         let mut s = validate(file, default_name, text, raw)?;
         if let Some(sweep) = sweep {
@@ -273,6 +262,26 @@ impl Scenario {
             self.serving.iteration_overhead,
         )
     }
+}
+
+/// Deserializes scenario `text` into `T`; a TOML or type error names the file, the line and
+/// column, and the dotted key.
+pub(crate) fn deserialize<T: serde::de::DeserializeOwned>(
+    file: &str,
+    text: &str,
+) -> Result<T, ScenarioError> {
+    let toml_err = |key: String, e: &toml::de::Error| ScenarioError {
+        file: file.to_string(),
+        key,
+        message: e.message().trim_end().to_string(),
+        line_col: e.span().map(|s| line_col(text, s.start)),
+    };
+    let de = toml::Deserializer::parse(text).map_err(|e| toml_err(String::new(), &e))?;
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let key = if path == "." { String::new() } else { path };
+        toml_err(key, e.inner())
+    })
 }
 
 /// A validated GPU from its raw table at `key`.
