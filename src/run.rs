@@ -171,8 +171,24 @@ type Job<'a> = (Option<&'a str>, &'a Scenario, Arc<Trace>, PolicyKind);
 
 /// Runs `jobs` on up to `threads` threads; results come back in job order.
 fn run_jobs(jobs: &[Job], threads: usize) -> Vec<Result<PolicyRun, SimError>> {
+    parallel_map(jobs, threads, |(label, sc, t, p)| {
+        let mut r = simulate(sc, t.clone(), *p);
+        if let Ok(run) = &mut r {
+            run.summary.point = label.map(str::to_string);
+        }
+        r
+    })
+}
+
+/// `f` of every job, computed on up to `threads` scoped threads that take jobs in order;
+/// the results come back in job order, so they do not depend on the thread count.
+pub fn parallel_map<J: Sync, R: Send>(
+    jobs: &[J],
+    threads: usize,
+    f: impl Fn(&J) -> R + Sync,
+) -> Vec<R> {
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let slots: Vec<std::sync::Mutex<Option<Result<PolicyRun, SimError>>>> =
+    let slots: Vec<std::sync::Mutex<Option<R>>> =
         jobs.iter().map(|_| std::sync::Mutex::new(None)).collect();
     std::thread::scope(|scope| {
         for _ in 0..threads.clamp(1, jobs.len().max(1)) {
@@ -180,13 +196,10 @@ fn run_jobs(jobs: &[Job], threads: usize) -> Vec<Result<PolicyRun, SimError>> {
                 // Bounded: each round takes a job index; indices past the end stop the loop.
                 loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some((label, sc, t, p)) = jobs.get(i) else {
+                    let Some(job) = jobs.get(i) else {
                         break;
                     };
-                    let mut r = simulate(sc, t.clone(), *p);
-                    if let Ok(run) = &mut r {
-                        run.summary.point = label.map(str::to_string);
-                    }
+                    let r = f(job);
                     *slots[i].lock().expect("no panics while holding the lock") = Some(r);
                 }
             });

@@ -55,11 +55,19 @@ pub struct RequestRecord {
 impl RequestRecord {
     pub fn new(id: ReqId, r: &Request) -> RequestRecord {
         RequestRecord {
-            id: id.0,
-            arrival: r.arrival,
-            instance: u32::MAX,
-            prompt_tokens: r.prompt_tokens,
             output_tokens: r.output_tokens,
+            ..RequestRecord::arrived(id.0, r.arrival, r.prompt_tokens)
+        }
+    }
+
+    /// A request that has arrived and nothing more: no instance, no tokens yet.
+    pub fn arrived(id: u32, arrival: Nanos, prompt_tokens: u32) -> RequestRecord {
+        RequestRecord {
+            id,
+            arrival,
+            instance: u32::MAX,
+            prompt_tokens,
+            output_tokens: 0,
             admitted: None,
             first_token: None,
             end: None,

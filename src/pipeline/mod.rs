@@ -43,7 +43,6 @@ use std::collections::{BTreeMap, VecDeque};
 use crate::actor::{Actor, Context, Msg, Work};
 use crate::backend::TOKEN_ID_BYTES;
 use crate::metrics::{Report, RequestRecord};
-use crate::policy::Tier;
 use crate::serving::block_pool::PoolStats;
 use crate::serving::instance::InstanceStats;
 use crate::shard::{DecodeMode, Generation, Mode, SessionId, Shard, ShardReply, ShardRequest};
@@ -119,19 +118,8 @@ impl Head {
             .iter()
             .enumerate()
             .map(|(i, r)| RequestRecord {
-                id: i as u32,
-                arrival: r.arrival,
                 instance: 0,
-                prompt_tokens: r.prompt.len() as u32,
-                output_tokens: 0,
-                admitted: None,
-                first_token: None,
-                end: None,
-                reused: [0; Tier::ALL.len()],
-                loaded_bytes: [0; Tier::ALL.len()],
-                preemptions: 0,
-                network_bytes: 0,
-                rejected: false,
+                ..RequestRecord::arrived(i as u32, r.arrival, r.prompt.len() as u32)
             })
             .collect();
         Head {

@@ -228,37 +228,14 @@ pub fn simulate_all(s: &PipelineScenario, threads: usize) -> Result<Vec<Pipeline
         .into_iter()
         .flat_map(|(label, p)| p.modes.iter().map(move |&m| (label, p, m)))
         .collect();
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let results: Vec<std::sync::Mutex<Option<Result<PipelineRun, SimError>>>> =
-        jobs.iter().map(|_| std::sync::Mutex::new(None)).collect();
-    std::thread::scope(|scope| {
-        for _ in 0..threads.clamp(1, jobs.len().max(1)) {
-            scope.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(&(label, p, mode)) = jobs.get(i) else {
-                        break;
-                    };
-                    let r = simulate(p, mode).map(|mut r| {
-                        r.summary.point = label.map(str::to_string);
-                        r
-                    });
-                    if let Ok(mut slot) = results[i].lock() {
-                        *slot = Some(r);
-                    }
-                }
-            });
-        }
-    });
-    results
-        .into_iter()
-        .map(|m| {
-            m.into_inner()
-                .ok()
-                .flatten()
-                .expect("every job ran to completion")
+    crate::run::parallel_map(&jobs, threads, |&(label, p, mode)| {
+        simulate(p, mode).map(|mut r| {
+            r.summary.point = label.map(str::to_string);
+            r
         })
-        .collect()
+    })
+    .into_iter()
+    .collect()
 }
 
 /// Runs `s` in `mode` on the live host with candle shards.
