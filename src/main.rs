@@ -647,6 +647,9 @@ fn run_pipeline(
     }
     let live = s.live || live_flag;
     s.live = live;
+    if live_flag {
+        s.text = meshsim::pipeline::scenario::with_live_mode(&s.text);
+    }
     if !quiet {
         describe_pipeline(&s);
     }

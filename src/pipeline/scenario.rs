@@ -293,6 +293,34 @@ impl Default for RawLimits {
     }
 }
 
+/// Scenario `text` with `mode = "live"`, for the results of `meshsim run --live`: the copy in
+/// the results folder then says how the run was made, and re-running it runs live again.
+/// An existing top-level `mode` line is replaced; otherwise the key goes first.
+pub fn with_live_mode(text: &str) -> String {
+    const LINE: &str = "mode = \"live\"                          # set by `meshsim run --live`";
+    let has_mode = text
+        .parse::<toml::Table>()
+        .map(|t| t.contains_key("mode"))
+        .unwrap_or(false);
+    if !has_mode {
+        return format!("{LINE}\n{text}");
+    }
+    let mut out = String::with_capacity(text.len() + LINE.len());
+    let mut in_table = false;
+    for line in text.split_inclusive('\n') {
+        let t = line.trim_start();
+        in_table |= t.starts_with('[');
+        let key = t.split('=').next().unwrap_or("").trim();
+        if !in_table && key == "mode" {
+            out.push_str(LINE);
+            out.push('\n');
+        } else {
+            out.push_str(line);
+        }
+    }
+    out
+}
+
 /// Whether scenario `text` is a pipeline scenario (it has a top-level `pipeline` table).
 pub fn is_pipeline(text: &str) -> bool {
     text.parse::<toml::Table>()

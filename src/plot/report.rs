@@ -63,6 +63,39 @@ fn scenario_lines(v: &toml::Value) -> Vec<String> {
     if let Some(m) = get(v, "model.preset").or_else(|| get(v, "model.name")) {
         lines.push(format!("- model: {m}"));
     }
+    if let Some(m) = get(v, "pipeline.model") {
+        let split = get(v, "pipeline.shards")
+            .map(|n| format!("{n} shards"))
+            .or_else(|| get(v, "pipeline.layers").map(|l| format!("shards of layers {l}")))
+            .unwrap_or_default();
+        lines.push(format!("- pipeline route: {m}, {split}"));
+        let live = get(v, "mode").is_some_and(|m| m == "live");
+        let cost = match get(v, "pipeline.cost").as_deref() {
+            Some("profile") => format!(
+                "profile {}",
+                get(v, "pipeline.profile").unwrap_or_else(|| "?".into())
+            ),
+            _ => "analytic roofline".into(),
+        };
+        lines.push(if live {
+            "- host: live (candle tensors on ractor actors; measured wall-clock times)".into()
+        } else {
+            format!("- host: simulated, step times from the {cost}")
+        });
+        let mut p = Vec::new();
+        if let Some(a) = get(v, "pipeline.max_active_sessions") {
+            p.push(format!("{a} sessions at once"));
+        }
+        if let Some(c) = get(v, "pipeline.max_sessions") {
+            p.push(format!("session caches of {c}"));
+        }
+        if get(v, "pipeline.shared_device").is_some_and(|d| d == "true") {
+            p.push("shards share one device".into());
+        }
+        if !p.is_empty() {
+            lines.push(format!("- route: {}", p.join(", ")));
+        }
+    }
     let mut serving = Vec::new();
     if let Some(tp) = get(v, "serving.tensor_parallel") {
         serving.push(format!("tensor parallel {tp}"));
@@ -82,6 +115,15 @@ fn scenario_lines(v: &toml::Value) -> Vec<String> {
     }
     if let Some(r) = get(v, "workload.arrival_rate_per_s") {
         w.push(format!("at {r} requests/s"));
+    }
+    if get(v, "workload.closed_loop").is_some_and(|c| c == "true") {
+        w.push("closed loop".into());
+    }
+    if let Some(n) = get(v, "workload.prompt_tokens") {
+        w.push(format!("{n}-token prompts"));
+    }
+    if let Some(n) = get(v, "workload.output_tokens").filter(|n| n.parse::<u64>().is_ok()) {
+        w.push(format!("{n} output tokens"));
     }
     if let Some(c) = get(v, "workload.context_tokens") {
         w.push(format!("{c}-token contexts"));
