@@ -130,11 +130,4 @@ pub trait Actor: Send {
 
     /// Adds this actor's results and invariant violations to `report` at the end of a run.
     fn report(&self, report: &mut Report);
-
-    /// Whether the actor has nothing left to do. The sim host ends a run when no event is
-    /// left; the live host, which cannot see messages in flight, ends it once every actor
-    /// says it is done after handling a message.
-    fn done(&self) -> bool {
-        true
-    }
 }

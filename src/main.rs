@@ -647,6 +647,10 @@ fn run_pipeline(
     }
     let live = s.live || live_flag;
     s.live = live;
+    if live && let Err(e) = s.check_live(&scenario.display().to_string()) {
+        eprintln!("error: {e}");
+        return ExitCode::from(EXIT_BAD_INPUT);
+    }
     if live_flag {
         s.text = meshsim::pipeline::scenario::with_live_mode(&s.text);
     }

@@ -559,6 +559,25 @@ impl Grid {
         let wide = |v: &[u32]| v.iter().map(|&x| x as i64).collect::<Vec<_>>();
         check_grid(origin, "prefill", &wide(&self.prefill))?;
         check_grid(origin, "decode", &wide(&self.decode))?;
+        for (key, v) in [("prefill", &self.prefill), ("decode", &self.decode)] {
+            if let Some(&x) = v.iter().find(|&&x| x > MAX_PROFILE_TOKENS) {
+                return Err(ProfileError::Grid {
+                    file: origin.into(),
+                    key: key.into(),
+                    message: format!(
+                        "{x} tokens: at most {MAX_PROFILE_TOKENS} (the attention of a longer \
+                         sequence needs more memory than a profile run should take)"
+                    ),
+                });
+            }
+        }
+        if self.repeats > MAX_PROFILE_REPEATS {
+            return Err(ProfileError::Grid {
+                file: origin.into(),
+                key: "repeats".into(),
+                message: format!("at most {MAX_PROFILE_REPEATS} repeats"),
+            });
+        }
         if self.repeats == 0 {
             return Err(ProfileError::NonPositive {
                 file: origin.into(),
@@ -579,6 +598,11 @@ pub fn device_name(device: &Device) -> String {
         DeviceLocation::Metal { gpu_id } => format!("metal:{gpu_id}"),
     }
 }
+
+/// Longest prefill or decode context a measurement grid may hold.
+pub const MAX_PROFILE_TOKENS: u32 = 8192;
+/// Most repeats of each measurement.
+pub const MAX_PROFILE_REPEATS: u32 = 1000;
 
 /// Seed of the fixed prompt that [`measure`] runs.
 const PROMPT_SEED: u64 = 0x9e0f_11e5;

@@ -787,6 +787,45 @@ fn bad_pipeline_scenarios_exit_2_naming_the_key_and_write_nothing() {
         }
     }
 
+    // Limits that only a live run has: f32, and sequences short enough to attend over.
+    let live_only: Vec<(&str, String, Vec<&str>)> = vec![
+        (
+            "bf16",
+            edit(&good, "cost =", "cost = \"analytic\"\ndtype = \"bf16\""),
+            vec!["pipeline.dtype", "f32"],
+        ),
+        (
+            "long",
+            edit(&good, "prompt_tokens", "prompt_tokens = 8190"),
+            vec!["workload.output_tokens", "8192"],
+        ),
+    ];
+    for (name, text, needles) in &live_only {
+        let dir = tempdir();
+        let file = dir.path().join(format!("live_{name}.toml"));
+        std::fs::write(&file, text).unwrap();
+        let o = meshsim(&["check", path_str(&file)]);
+        assert!(
+            o.status.success(),
+            "{name}: a simulation may: {}",
+            stderr(&o)
+        );
+        let out = dir.path().join("out");
+        let args = ["run", "FILE", "--live", "--out", path_str(&out)];
+        assert_rejected(&args, &file, &out, needles);
+        // The same file with mode = "live" is refused by `check` too.
+        let live = format!("mode = \"live\"\n{text}");
+        std::fs::write(&file, live).unwrap();
+        assert_rejected(&["check", "FILE"], &file, &out, needles);
+    }
+
+    // A wall-clock limit beyond a week is a unit mistake, not a panic.
+    let dir = tempdir();
+    let file = dir.path().join("bad_wall.toml");
+    std::fs::write(&file, format!("{good}\n[limits]\nmax_wall_s = 1e20\n")).unwrap();
+    let out = dir.path().join("out");
+    assert_rejected(&["check", "FILE"], &file, &out, &["limits.max_wall_s"]);
+
     // --live needs a pipeline scenario.
     let polaris = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/polaris_8gpu.toml");
     let dir = tempdir();
@@ -797,6 +836,44 @@ fn bad_pipeline_scenarios_exit_2_naming_the_key_and_write_nothing() {
         &out,
         &["--live", "pipeline"],
     );
+}
+
+/// `meshsim compare` reads what `meshsim run` writes, quoted sweep labels with commas included;
+/// a run compared with itself has no error.
+#[test]
+fn compare_reads_sweep_labels_with_commas() {
+    let spec = Spec::tiny();
+    let text = edit(&spec.text(), "shards =", "layers = [[0, 2], [2, 4]]")
+        + "\n[sweep]\n\"pipeline.layers\" = [[[0, 2], [2, 4]], [[0, 1], [1, 4]]]\n";
+    let dir = tempdir();
+    let file = dir.path().join("sweep.toml");
+    std::fs::write(&file, text).unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    for out in [&a, &b] {
+        let o = meshsim(&["run", path_str(&file), "-q", "--out", path_str(out)]);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    let o = meshsim(&["compare", path_str(&a), path_str(&b)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let md = String::from_utf8(o.stdout).unwrap();
+    assert!(md.contains("| layers=[[0, 2], [2, 4]] | cached |"), "{md}");
+    assert!(
+        md.contains("| layers=[[0, 1], [1, 4]] | stateless |"),
+        "{md}"
+    );
+    let rows = md.lines().filter(|l| l.starts_with("| layers=")).count();
+    assert_eq!(rows, 4, "{md}");
+    for l in md.lines().filter(|l| l.starts_with("| layers=")) {
+        assert_eq!(
+            l.matches("+0.0%").count(),
+            3,
+            "no error against itself: {l}"
+        );
+    }
+    // A folder without requests.csv is bad input.
+    let o = meshsim(&["compare", path_str(&a), path_str(dir.path())]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("requests.csv"), "{}", stderr(&o));
 }
 
 #[test]
@@ -834,8 +911,9 @@ fn the_cli_runs_a_pipeline_scenario_live_into_its_out_folder() {
     );
     let summary = std::fs::read_to_string(out.join("summary.csv")).unwrap();
     assert_eq!(summary.lines().count(), 3, "{summary}");
-    assert_eq!(
-        std::fs::read_to_string(out.join("scenario.toml")).unwrap(),
-        spec.text()
-    );
+    // The input, marked as run live, so that the folder says how it was made.
+    let copy = std::fs::read_to_string(out.join("scenario.toml")).unwrap();
+    let (first, rest) = copy.split_once('\n').unwrap();
+    assert!(first.starts_with("mode = \"live\""), "{copy}");
+    assert_eq!(rest, spec.text());
 }

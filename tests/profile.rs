@@ -232,6 +232,16 @@ fn the_cli_writes_a_loadable_profile_and_rejects_bad_arguments() {
     let o = run(&["--model", "tiny", "--prefill", "8,4", "--out", "x.toml"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("prefill[1]"));
+    let o = run(&[
+        "--model",
+        "tiny",
+        "--prefill",
+        "1,200000",
+        "--out",
+        "x.toml",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "a grid beyond MAX_PROFILE_TOKENS");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("at most 8192"));
     let o = run(&["--model", "huge", "--out", "x.toml"]);
     assert_eq!(o.status.code(), Some(2));
     let o = run(&["--model", "tiny"]);

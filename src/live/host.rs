@@ -19,12 +19,14 @@
 //! runtime), so CPU-bound model work does not starve the runtime; each actor handles one
 //! message at a time, in mailbox order.
 //!
-//! The end of a run: the host cannot see messages in flight the way the event kernel does, so
-//! it asks the actors: after every message an actor handles, the host records
-//! [`Actor::done`], and the run ends once every actor says it is done. A run that does not end
-//! within its wall-clock limit is an error. Addressing stays abstract ([`ActorId`] to a
-//! mailbox), so actors could later live in other processes under `ractor_cluster`.
+//! The end of a run follows the sim kernel's rule, "no event left": the host counts messages
+//! in flight (sent, or due on a timer, and not yet handled) and ends the run when the count
+//! falls to zero. A handler that panics, or a message that cannot be delivered, ends the run
+//! at once with that error; a run that does not end within its wall-clock limit is an error
+//! too. Addressing stays abstract ([`ActorId`] to a mailbox), so actors could later live in
+//! other processes under `ractor_cluster`.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -49,7 +51,10 @@ pub enum Envelope {
 struct Shared {
     started: Instant,
     peers: OnceLock<Vec<ActorRef<Envelope>>>,
-    done: Vec<AtomicBool>,
+    /// Messages sent (or due on a timer) and not yet handled.
+    in_flight: AtomicU64,
+    /// An actor panicked or a message could not be delivered.
+    failed: AtomicBool,
     wake: tokio::sync::Notify,
     messages: AtomicU64,
     bytes: AtomicU64,
@@ -61,20 +66,38 @@ impl Shared {
         Nanos(self.started.elapsed().as_nanos() as u64)
     }
 
+    /// Records a failure and ends the run.
     fn error(&self, e: String) {
         if let Ok(mut v) = self.errors.lock() {
             v.push(e);
         }
+        self.failed.store(true, Ordering::SeqCst);
+        self.wake.notify_one();
     }
 
+    /// Counts a message as in flight from now until its handler returns.
+    fn sent(&self) {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A message left flight (handled, or lost); wakes the host when none is left.
+    fn landed(&self) {
+        if self.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Puts `msg` into `to`'s mailbox; it must already be counted by [`Self::sent`].
     fn deliver(&self, to: ActorId, msg: Msg) {
         let Some(peer) = self.peers.get().and_then(|p| p.get(to.0 as usize)) else {
             self.error(format!("a message to unknown actor {}", to.0));
+            self.landed();
             return;
         };
         self.messages.fetch_add(1, Ordering::Relaxed);
         if peer.cast(Envelope::Deliver(msg)).is_err() {
             self.error(format!("actor {} has stopped", to.0));
+            self.landed();
         }
     }
 }
@@ -96,6 +119,7 @@ impl Context for LiveCtx<'_> {
         self.shared
             .bytes
             .fetch_add(payload_bytes, Ordering::Relaxed);
+        self.shared.sent();
         if delay == Nanos::ZERO {
             self.shared.deliver(to, msg);
         } else {
@@ -117,6 +141,7 @@ impl Context for LiveCtx<'_> {
                 self.me.0
             ));
         }
+        self.shared.sent();
         self.shared.deliver(self.me, done);
     }
     fn rng(&mut self) -> &mut Stream {
@@ -160,16 +185,25 @@ impl RactorActor for Shell {
                     shared,
                     rng,
                 } = st;
-                compute(|| {
-                    let mut ctx = LiveCtx {
-                        shared,
-                        me: *me,
-                        rng,
-                    };
-                    actor.handle(msg, &mut ctx);
+                let handled = compute(|| {
+                    catch_unwind(AssertUnwindSafe(|| {
+                        let mut ctx = LiveCtx {
+                            shared,
+                            me: *me,
+                            rng,
+                        };
+                        actor.handle(msg, &mut ctx);
+                    }))
                 });
-                shared.done[me.0 as usize].store(actor.done(), Ordering::SeqCst);
-                shared.wake.notify_one();
+                if let Err(panic) = handled {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "a panic".into());
+                    shared.error(format!("actor {} panicked: {what}", me.0));
+                }
+                shared.landed();
             }
             Envelope::Report(reply) => {
                 let mut r = Report::default();
@@ -196,7 +230,7 @@ pub(crate) fn compute<T>(f: impl FnOnce() -> T) -> T {
 #[derive(Debug)]
 pub struct LiveOutcome {
     pub report: Report,
-    /// Wall time from the start to the moment every actor was done.
+    /// Wall time from the start to the moment no message was left in flight.
     pub wall: Duration,
     /// Messages delivered (including work completions and timers).
     pub messages: u64,
@@ -204,9 +238,9 @@ pub struct LiveOutcome {
     pub bytes: u64,
 }
 
-/// Runs `actors` (ids 0, 1, ... in order) until every one is done, for at most `max_wall`.
-/// Like the sim host, it sends [`Msg::Start`] to every actor first; a run whose actors report
-/// violations is an error.
+/// Runs `actors` (ids 0, 1, ... in order) until no message is left in flight, for at most
+/// `max_wall`. Like the sim host, it sends [`Msg::Start`] to every actor first; a run whose
+/// actors report violations, panic or lose a message is an error.
 pub async fn run(
     actors: Vec<Box<dyn Actor>>,
     seed: u64,
@@ -215,7 +249,8 @@ pub async fn run(
     let shared = Arc::new(Shared {
         started: Instant::now(),
         peers: OnceLock::new(),
-        done: actors.iter().map(|_| AtomicBool::new(false)).collect(),
+        in_flight: AtomicU64::new(0),
+        failed: AtomicBool::new(false),
         wake: tokio::sync::Notify::new(),
         messages: AtomicU64::new(0),
         bytes: AtomicU64::new(0),
@@ -247,23 +282,36 @@ pub async fn run(
         return Err(LiveError::Actor("peers set twice".into()));
     }
     let started = Instant::now();
+    // Count every Start before delivering any, so that the count cannot touch zero early.
+    for _ in 0..n {
+        shared.sent();
+    }
     for i in 0..n {
         shared.deliver(ActorId(i as u32), Msg::Start);
     }
-    let all_done = || shared.done.iter().all(|d| d.load(Ordering::SeqCst));
+    let over =
+        || shared.in_flight.load(Ordering::SeqCst) == 0 || shared.failed.load(Ordering::SeqCst);
     let waited = tokio::time::timeout(max_wall, async {
-        while !all_done() {
+        while !over() {
             shared.wake.notified().await;
         }
     })
     .await;
     let wall = started.elapsed();
-    if waited.is_err() {
+    let errors = || shared.errors.lock().map(|e| e.clone()).unwrap_or_default();
+    if waited.is_err() || shared.failed.load(Ordering::SeqCst) {
         stop_all(&refs);
-        return Err(LiveError::Actor(format!(
-            "the live run did not end within its wall-clock limit of {:.0} s",
-            max_wall.as_secs_f64()
-        )));
+        let mut e = errors();
+        if waited.is_err() {
+            e.insert(
+                0,
+                format!(
+                    "the live run did not end within its wall-clock limit of {:.0} s",
+                    max_wall.as_secs_f64()
+                ),
+            );
+        }
+        return Err(LiveError::Actor(e.join("; ")));
     }
     let mut report = Report::default();
     for r in &refs {
@@ -287,9 +335,7 @@ pub async fn run(
     for j in joins {
         let _ = j.await;
     }
-    if let Ok(e) = shared.errors.lock() {
-        report.violations.extend(e.iter().cloned());
-    }
+    report.violations.extend(errors());
     if let Some(first) = report.violations.first() {
         return Err(LiveError::Actor(format!(
             "{first} ({} violation(s) in all)",
@@ -302,4 +348,100 @@ pub async fn run(
         messages: shared.messages.load(Ordering::Relaxed),
         bytes: shared.bytes.load(Ordering::Relaxed),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records whether `Msg::WorkDone` ever reached it.
+    struct Sink {
+        got: bool,
+    }
+
+    impl Actor for Sink {
+        fn handle(&mut self, msg: Msg, _ctx: &mut dyn Context) {
+            if matches!(msg, Msg::WorkDone) {
+                self.got = true;
+            }
+        }
+        fn report(&self, report: &mut Report) {
+            if !self.got {
+                report.violations.push("the sink got nothing".into());
+            }
+        }
+    }
+
+    /// On `Restart`, works for a while, then sends `WorkDone` to actor 0.
+    struct Relay;
+
+    impl Actor for Relay {
+        fn handle(&mut self, msg: Msg, ctx: &mut dyn Context) {
+            if matches!(msg, Msg::Restart) {
+                std::thread::sleep(Duration::from_millis(50));
+                ctx.send(ActorId(0), Msg::WorkDone, 0);
+            }
+        }
+        fn report(&self, _report: &mut Report) {}
+    }
+
+    /// On `Start`, sends `Restart` to actor 1 after a timer.
+    struct Source;
+
+    impl Actor for Source {
+        fn handle(&mut self, msg: Msg, ctx: &mut dyn Context) {
+            match msg {
+                Msg::Start => ctx.timer(Nanos::from_ms(5), Msg::WorkDone),
+                Msg::WorkDone => ctx.send(ActorId(1), Msg::Restart, 0),
+                _ => {}
+            }
+        }
+        fn report(&self, _report: &mut Report) {}
+    }
+
+    /// Panics on `Start`.
+    struct Faulty;
+
+    impl Actor for Faulty {
+        fn handle(&mut self, msg: Msg, _ctx: &mut dyn Context) {
+            if matches!(msg, Msg::Start) {
+                panic!("boom");
+            }
+        }
+        fn report(&self, _report: &mut Report) {}
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_run_ends_only_when_no_message_is_in_flight() {
+        for _ in 0..5 {
+            let actors: Vec<Box<dyn Actor>> = vec![
+                Box::new(Sink { got: false }),
+                Box::new(Relay),
+                Box::new(Source),
+            ];
+            let out = run(actors, 1, Duration::from_secs(30)).await.unwrap();
+            // Start x3, the timer, Restart, WorkDone.
+            assert_eq!(out.messages, 6);
+            assert!(out.wall >= Duration::from_millis(50));
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panicking_actor_ends_the_run_at_once_with_its_message() {
+        // Actor 0 keeps a long timer in flight; the panic must not wait for it.
+        struct Waiter;
+        impl Actor for Waiter {
+            fn handle(&mut self, msg: Msg, ctx: &mut dyn Context) {
+                if matches!(msg, Msg::Start) {
+                    ctx.timer(Nanos::from_secs(20), Msg::WorkDone);
+                }
+            }
+            fn report(&self, _report: &mut Report) {}
+        }
+        let started = Instant::now();
+        let actors: Vec<Box<dyn Actor>> = vec![Box::new(Waiter), Box::new(Faulty)];
+        let err = run(actors, 1, Duration::from_secs(60)).await.unwrap_err();
+        assert!(err.to_string().contains("actor 1 panicked: boom"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
 }

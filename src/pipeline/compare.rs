@@ -46,7 +46,7 @@ type Key = (String, String, u32);
 
 fn load(dir: &Path) -> Result<Vec<(Key, Times)>, CompareError> {
     let path = dir.join("requests.csv");
-    let text = std::fs::read_to_string(&path).map_err(|source| CompareError::Read {
+    let file = std::fs::File::open(&path).map_err(|source| CompareError::Read {
         path: path.clone(),
         source,
     })?;
@@ -55,13 +55,15 @@ fn load(dir: &Path) -> Result<Vec<(Key, Times)>, CompareError> {
         line,
         msg,
     };
-    let mut lines = text.lines();
-    let header: Vec<&str> = lines
-        .next()
-        .ok_or_else(|| bad(1, "empty file".into()))?
-        .split(',')
-        .collect();
-    let col = |name: &str| header.iter().position(|h| *h == name);
+    // The writer quotes fields that hold commas (sweep labels such as `layers=[[0, 2], ...]`).
+    let mut rd = csv::ReaderBuilder::new()
+        .has_headers(true)
+        .from_reader(file);
+    let header = rd
+        .headers()
+        .map_err(|e| bad(1, format!("not CSV: {e}")))?
+        .clone();
+    let col = |name: &str| header.iter().position(|h| h == name);
     let need = |name: &str| col(name).ok_or_else(|| bad(1, format!("no `{name}` column")));
     let (policy, request, status, ttft, tpot) = (
         need("policy")?,
@@ -72,36 +74,32 @@ fn load(dir: &Path) -> Result<Vec<(Key, Times)>, CompareError> {
     );
     let point = col("point");
     let mut out = Vec::new();
-    for (i, l) in lines.enumerate() {
+    for (i, row) in rd.records().enumerate() {
         let n = i + 2;
-        let f: Vec<&str> = l.split(',').collect();
-        if f.len() != header.len() {
-            return Err(bad(
-                n,
-                format!("{} fields, expected {}", f.len(), header.len()),
-            ));
-        }
-        if f[status] != "ok" {
+        let f = row.map_err(|e| bad(n, format!("not CSV: {e}")))?;
+        let field = |c: usize| f.get(c).unwrap_or("");
+        if field(status) != "ok" {
             continue;
         }
         let num = |c: usize| -> Result<f64, CompareError> {
-            f[c].parse::<u64>()
+            field(c)
+                .parse::<u64>()
                 .map(|v| v as f64 / 1e6)
-                .map_err(|_| bad(n, format!("`{}` is not a whole number of ns", f[c])))
+                .map_err(|_| bad(n, format!("`{}` is not a whole number of ns", field(c))))
         };
-        let id: u32 = f[request]
+        let id: u32 = field(request)
             .parse()
-            .map_err(|_| bad(n, format!("bad request id `{}`", f[request])))?;
+            .map_err(|_| bad(n, format!("bad request id `{}`", field(request))))?;
         let t = Times {
             ttft: num(ttft)?,
-            tpot: if f[tpot].is_empty() {
+            tpot: if field(tpot).is_empty() {
                 None
             } else {
                 Some(num(tpot)?)
             },
         };
-        let p = point.map(|c| f[c].to_string()).unwrap_or_default();
-        out.push(((p, f[policy].to_string(), id), t));
+        let p = point.map(|c| field(c).to_string()).unwrap_or_default();
+        out.push(((p, field(policy).to_string(), id), t));
     }
     Ok(out)
 }

@@ -147,9 +147,10 @@ impl Head {
 
     fn arrive(&mut self, id: u32, ctx: &mut dyn Context) {
         self.arrived += 1;
-        if self.cfg.closed_loop {
-            self.records[id as usize].arrival = ctx.now();
-        }
+        // When the request really arrives: the trace's time on the sim host (timers are
+        // exact), a little later on the live host (tokio timers fire up to ~1 ms late), and
+        // the end of the client's previous request in a closed loop.
+        self.records[id as usize].arrival = ctx.now();
         self.schedule_next_arrival(ctx);
         if self.active.len() < self.cfg.max_active {
             self.begin(id, ctx);
@@ -320,11 +321,6 @@ impl Actor for Head {
             ));
         }
     }
-
-    fn done(&self) -> bool {
-        (self.arrived == self.trace.len() && self.active.is_empty() && self.waiting.is_empty())
-            || !self.violations.is_empty()
-    }
 }
 
 /// One pipeline shard as an actor: a [`Shard`] state machine, a FIFO of waiting steps, and
@@ -340,6 +336,9 @@ pub struct ShardNode {
     /// The answer of the step in progress, sent when its work ends.
     busy: Option<ShardReply>,
     busy_since: Nanos,
+    /// The modelled duration of the step in progress (none on the live host, whose steps
+    /// have run by the time the work starts).
+    busy_for: Option<Nanos>,
     busy_total: Nanos,
     steps: u64,
     violations: Vec<String>,
@@ -364,6 +363,7 @@ impl ShardNode {
             max_queue,
             busy: None,
             busy_since: Nanos::ZERO,
+            busy_for: None,
             busy_total: Nanos::ZERO,
             steps: 0,
             violations: Vec::new(),
@@ -374,19 +374,23 @@ impl ShardNode {
         let now = ctx.now();
         let session = req.session;
         let (reply, duration) = match self.shard.handle(now, req) {
-            Ok(h) => (h.reply, h.duration.unwrap_or(Nanos::ZERO)),
+            Ok(h) => (h.reply, h.duration),
             Err(e) => (
                 ShardReply::Failed {
                     session,
                     error: format!("shard {}: {e}", self.index),
                 },
-                Nanos::ZERO,
+                None,
             ),
         };
         self.steps += 1;
         self.busy = Some(reply);
         self.busy_since = now;
-        ctx.start(Work::Compute(duration), Msg::WorkDone);
+        self.busy_for = duration;
+        ctx.start(
+            Work::Compute(duration.unwrap_or(Nanos::ZERO)),
+            Msg::WorkDone,
+        );
     }
 
     fn finish(&mut self, ctx: &mut dyn Context) {
@@ -395,7 +399,9 @@ impl ShardNode {
                 .push(format!("shard {}: work ended while idle", self.index));
             return;
         };
-        self.busy_total += ctx.now() - self.busy_since;
+        // Busy for the step's own duration: not the time it waited for a shared device.
+        // Live steps ran inside `process`, so their wall time since then is the measure.
+        self.busy_total += self.busy_for.unwrap_or(ctx.now() - self.busy_since);
         match (reply, self.next) {
             (ShardReply::Forward(req), Some(next)) => {
                 let bytes = req.input.bytes();
@@ -460,9 +466,5 @@ impl Actor for ShardNode {
             },
         });
         report.violations.extend(self.violations.iter().cloned());
-    }
-
-    fn done(&self) -> bool {
-        self.busy.is_none() && self.queue.is_empty()
     }
 }

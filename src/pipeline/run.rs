@@ -8,8 +8,10 @@
 //!   head runs at the frontend, shard `i` on node `i`; every message crosses the scenario's
 //!   `[pipeline.link]` (bandwidth per direction, one-way latency), FIFO per link, as in the
 //!   cluster model. With `shared_device = true` every shard sits on node 0 and their steps
-//!   queue for its one device (FIFO), as shard actors sharing one CPU do on the live host;
-//!   messages between shards then cost nothing.
+//!   queue for its one device (FIFO): an approximation of shard actors sharing one CPU on the
+//!   live host, where their handlers run at the same time on different worker threads and
+//!   share the cores (an upper bound on that contention; `false` is the lower bound).
+//!   Messages between shards on one node cost nothing.
 //! * **live**: [`CandleBackend`] (f32, weights seeded from the scenario's seed, on the default
 //!   device) on [`crate::live::host`], with the wall clock.
 //!

@@ -56,8 +56,16 @@ pub const MAX_PIPELINE_TOKENS: u32 = 1 << 16;
 pub const MAX_SESSIONS: usize = 1 << 16;
 /// Most shards of a route.
 pub const MAX_SHARDS: usize = 256;
-/// Most prompt tokens a trace may hold in all (the head keeps every prompt: 1 GiB of ids).
-pub const MAX_TRACE_TOKENS: u64 = 1 << 28;
+/// Most prompt tokens a trace may hold in all: the head keeps every prompt (256 MiB of ids),
+/// and each simulation running in parallel has its own head.
+pub const MAX_TRACE_TOKENS: u64 = 1 << 26;
+/// Longest sequence (prompt and output) of a live run: a stateless pass attends over all of
+/// it, and its causal mask alone takes `4 n^2` bytes (256 MiB at this length).
+pub const MAX_LIVE_TOKENS: u32 = 8192;
+/// Largest model a live run loads: its f32 weights, in bytes (16 GiB).
+pub const MAX_LIVE_WEIGHT_BYTES: u64 = 16 << 30;
+/// Longest wall-clock limit of a live run (a week).
+pub const MAX_WALL_S: f64 = 7.0 * 86_400.0;
 
 /// Where the shards' step durations come from in a simulation.
 #[derive(Clone, Debug, PartialEq)]
@@ -356,6 +364,9 @@ impl PipelineScenario {
         let raw: Raw = deserialize(file, text)?;
         let sweep = raw.sweep.clone();
         let mut s = validate(file, default_name, dir, text, raw)?;
+        if s.live {
+            s.check_live(file)?;
+        }
         if let Some(sweep) = sweep {
             for (label, point_text) in sweep_texts(file, text, &sweep)? {
                 let f = format!("{file} (sweep point {label})");
@@ -380,6 +391,46 @@ impl PipelineScenario {
                 .map(|p| (Some(p.label.as_str()), &p.scenario))
                 .collect()
         }
+    }
+
+    /// Checks what a live run needs beyond a simulation: f32, a model whose weights fit
+    /// [`MAX_LIVE_WEIGHT_BYTES`], sequences within [`MAX_LIVE_TOKENS`]. Called for `mode =
+    /// "live"` files and for `meshsim run --live`.
+    pub fn check_live(&self, file: &str) -> Result<(), ScenarioError> {
+        let c = Check { file };
+        if self.bytes_per_element != 4 {
+            return Err(c.err(
+                "pipeline.dtype",
+                "the candle backend of live runs computes in f32",
+            ));
+        }
+        let weights = self.model.model_config(4).weight_bytes();
+        if weights > MAX_LIVE_WEIGHT_BYTES {
+            return Err(c.err(
+                "pipeline.model",
+                format!(
+                    "{} has {:.1} GiB of f32 weights; live runs load at most {} GiB",
+                    self.model.name,
+                    weights as f64 / (1u64 << 30) as f64,
+                    MAX_LIVE_WEIGHT_BYTES >> 30
+                ),
+            ));
+        }
+        let w = &self.workload;
+        if w.prompt_tokens + w.output_tokens > MAX_LIVE_TOKENS {
+            return Err(c.err(
+                "workload.output_tokens",
+                format!(
+                    "prompts of up to {} tokens plus {} output tokens exceed the {MAX_LIVE_TOKENS} \
+                     tokens of a live sequence",
+                    w.prompt_tokens, w.output_tokens
+                ),
+            ));
+        }
+        for p in &self.points {
+            p.scenario.check_live(file)?;
+        }
+        Ok(())
     }
 
     /// The model numbers the sim backend needs, at this scenario's element size.
@@ -713,7 +764,14 @@ fn validate(
         max_time: Nanos::from_secs_f64(c.positive("limits.max_sim_time_s", l.max_sim_time_s)?),
         max_pending: 1_000_000,
     };
-    let max_wall = Duration::from_secs_f64(c.positive("limits.max_wall_s", l.max_wall_s)?);
+    let wall = c.positive("limits.max_wall_s", l.max_wall_s)?;
+    if wall > MAX_WALL_S {
+        return Err(c.err(
+            "limits.max_wall_s",
+            format!("expected at most {MAX_WALL_S} s (a week), found {wall}"),
+        ));
+    }
+    let max_wall = Duration::from_secs_f64(wall);
     Ok(PipelineScenario {
         name,
         text: text.to_string(),
