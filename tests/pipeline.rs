@@ -870,6 +870,24 @@ fn compare_reads_sweep_labels_with_commas() {
             "no error against itself: {l}"
         );
     }
+    assert!(!md.contains("Warning"), "{md}");
+    // Folders of different scenarios are compared with a warning.
+    let other = dir.path().join("other.toml");
+    std::fs::write(
+        &other,
+        edit(
+            &std::fs::read_to_string(&file).unwrap(),
+            "seed =",
+            "seed = 4",
+        ),
+    )
+    .unwrap();
+    let c = dir.path().join("c");
+    let o = meshsim(&["run", path_str(&other), "-q", "--out", path_str(&c)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = meshsim(&["compare", path_str(&a), path_str(&c)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8(o.stdout).unwrap().contains("Warning"));
     // A folder without requests.csv is bad input.
     let o = meshsim(&["compare", path_str(&a), path_str(dir.path())]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));

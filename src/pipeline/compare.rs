@@ -104,6 +104,20 @@ fn load(dir: &Path) -> Result<Vec<(Key, Times)>, CompareError> {
     Ok(out)
 }
 
+/// Whether both folders hold the same `scenario.toml`, but for a first line that sets `mode`
+/// (as `meshsim run --live` writes). Missing files count as the same (nothing to compare).
+fn same_scenario(a: &Path, b: &Path) -> bool {
+    let read = |d: &Path| std::fs::read_to_string(d.join("scenario.toml")).ok();
+    let strip = |t: String| match t.split_once('\n') {
+        Some((first, rest)) if first.trim_start().starts_with("mode") => rest.to_string(),
+        _ => t,
+    };
+    match (read(a), read(b)) {
+        (Some(x), Some(y)) => strip(x) == strip(y),
+        _ => true,
+    }
+}
+
 fn pct(sim: f64, live: f64) -> String {
     if live > 0.0 {
         format!("{:+.1}%", 100.0 * (sim - live) / live)
@@ -143,6 +157,13 @@ pub fn compare(sim: &Path, live: &Path) -> Result<String, CompareError> {
         sim.display(),
         live.display()
     );
+    if !same_scenario(sim, live) {
+        let _ = writeln!(
+            md,
+            "**Warning:** the two folders' `scenario.toml` differ (beyond the `mode` line that \
+             `--live` adds), so their requests may not be the same ones.\n"
+        );
+    }
     let _ = writeln!(
         md,
         "| point | policy | requests | TTFT p50 sim | live | error | TTFT p99 sim | live | error | mean abs. TTFT error | TPOT p50 sim | live | error |"
