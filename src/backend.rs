@@ -532,14 +532,7 @@ mod tests {
     use super::*;
 
     fn a100() -> GpuSpec {
-        GpuSpec {
-            name: "A100-SXM4-40GB".into(),
-            memory_bytes: 40 << 30,
-            memory_bandwidth: 1.555e12,
-            peak_flops: 312e12,
-            compute_efficiency: 1.0,
-            memory_efficiency: 1.0,
-        }
+        GpuSpec::a100_40gb(1.0, 1.0)
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
 use meshsim::pipeline::run as pipeline_run;
-use meshsim::pipeline::scenario::{CostSource, PipelineScenario, mode_name};
+use meshsim::pipeline::scenario::{Arrivals, CostSource, PipelineScenario, mode_name};
 use meshsim::scenario::Scenario;
 use meshsim::units::GIB;
 use meshsim::workload::WorkloadSpec;
@@ -605,8 +605,8 @@ fn describe_pipeline(s: &PipelineScenario) {
         "  workload: {} requests {}, {} prompt tokens, {} output tokens; modes: {}",
         w.requests,
         match w.arrivals {
-            meshsim::pipeline::scenario::Arrivals::Poisson(r) => format!("at {r} /s (Poisson)"),
-            meshsim::pipeline::scenario::Arrivals::ClosedLoop => {
+            Arrivals::Poisson(r) => format!("at {r} /s (Poisson)"),
+            Arrivals::ClosedLoop => {
                 format!("in a closed loop of {} clients", s.max_active)
             }
         },
@@ -640,10 +640,7 @@ fn run_pipeline(
         }
     };
     if let Some(seed) = seed {
-        s.seed = seed;
-        for p in &mut s.points {
-            p.scenario.seed = seed;
-        }
+        s.set_seed(seed);
     }
     let live = s.live || live_flag;
     s.live = live;
@@ -864,8 +861,7 @@ fn main() -> ExitCode {
             quiet,
             live,
         } => {
-            let text = std::fs::read_to_string(&scenario).unwrap_or_default();
-            if meshsim::pipeline::scenario::is_pipeline(&text) {
+            if meshsim::pipeline::scenario::is_pipeline_file(&scenario) {
                 run_pipeline(&scenario, seed, out, threads, quiet, live)
             } else if live {
                 eprintln!(
@@ -888,11 +884,7 @@ fn main() -> ExitCode {
         Command::Trace {
             command: TraceCommand::Convert { load, out },
         } => trace_convert(&load, &out),
-        Command::Check { scenario }
-            if meshsim::pipeline::scenario::is_pipeline(
-                &std::fs::read_to_string(&scenario).unwrap_or_default(),
-            ) =>
-        {
+        Command::Check { scenario } if meshsim::pipeline::scenario::is_pipeline_file(&scenario) => {
             match PipelineScenario::load(&scenario) {
                 Ok(s) => {
                     describe_pipeline(&s);

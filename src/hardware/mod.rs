@@ -29,6 +29,21 @@ pub struct GpuSpec {
     pub memory_efficiency: f64,
 }
 
+#[cfg(test)]
+impl GpuSpec {
+    /// An A100-SXM4-40GB (datasheet figures) at the given efficiencies, for unit tests.
+    pub(crate) fn a100_40gb(compute_efficiency: f64, memory_efficiency: f64) -> GpuSpec {
+        GpuSpec {
+            name: "A100-SXM4-40GB".into(),
+            memory_bytes: 40 << 30,
+            memory_bandwidth: 1.555e12,
+            peak_flops: 312e12,
+            compute_efficiency,
+            memory_efficiency,
+        }
+    }
+}
+
 /// Host memory of one node.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostSpec {

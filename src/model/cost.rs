@@ -126,14 +126,7 @@ mod tests {
     use super::*;
 
     fn a100(eff: f64) -> GpuSpec {
-        GpuSpec {
-            name: "A100-SXM4-40GB".into(),
-            memory_bytes: 40 << 30,
-            memory_bandwidth: 1.555e12,
-            peak_flops: 312e12,
-            compute_efficiency: eff,
-            memory_efficiency: eff,
-        }
+        GpuSpec::a100_40gb(eff, eff)
     }
 
     fn nvlink() -> LinkSpec {

@@ -83,13 +83,13 @@ pub struct HeadConfig {
     pub restarts: Vec<RestartAt>,
 }
 
+/// What a session's step in flight is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
-    /// The first pass (prefill, or a stateless pass) or a later stateless pass.
+    /// A pass over the whole sequence: the first (prefill or stateless), a later stateless
+    /// one, or a re-prefill after a cache miss.
     Full,
     Decode,
-    /// A re-prefill after a cache miss.
-    Reprefill,
 }
 
 struct Active {
@@ -217,21 +217,18 @@ impl Head {
         let next = match (token, a.phase) {
             (None, Phase::Decode) => {
                 // Re-prefill the sequence so far under the same session id.
-                a.phase = Phase::Reprefill;
+                a.phase = Phase::Full;
                 self.records[id as usize].preemptions += 1;
                 a.g.full_request(Mode::Prefill)
             }
-            (None, _) => {
+            (None, Phase::Full) => {
                 self.violations
                     .push(format!("request {id}: a full pass answered a cache miss"));
                 self.admit_waiting(ctx);
                 return;
             }
-            (Some(t), phase) => {
+            (Some(t), _) => {
                 a.g.push(t, None, 0);
-                if phase == Phase::Reprefill {
-                    a.g.record_miss(0);
-                }
                 let rec = &mut self.records[id as usize];
                 rec.network_bytes += TOKEN_ID_BYTES;
                 rec.output_tokens = a.g.output().len() as u32;

@@ -329,6 +329,12 @@ pub fn with_live_mode(text: &str) -> String {
     out
 }
 
+/// Whether the file at `path` is a pipeline scenario (an unreadable file is not; loading it
+/// then reports why).
+pub fn is_pipeline_file(path: &Path) -> bool {
+    std::fs::read_to_string(path).is_ok_and(|t| is_pipeline(&t))
+}
+
 /// Whether scenario `text` is a pipeline scenario (it has a top-level `pipeline` table).
 pub fn is_pipeline(text: &str) -> bool {
     text.parse::<toml::Table>()
@@ -379,6 +385,14 @@ impl PipelineScenario {
             }
         }
         Ok(s)
+    }
+
+    /// Sets the seed of the scenario and of every sweep point.
+    pub fn set_seed(&mut self, seed: u64) {
+        self.seed = seed;
+        for p in &mut self.points {
+            p.scenario.seed = seed;
+        }
     }
 
     /// The points to run: the sweep's, or the scenario itself.
@@ -547,10 +561,10 @@ fn validate(
         RawDtype::F32 => 4,
         RawDtype::Bf16 => 2,
     };
-    if p.dtype != RawDtype::F32 && (live || p.cost == RawCost::Profile) {
+    if p.dtype != RawDtype::F32 && p.cost == RawCost::Profile {
         return Err(c.err(
             "pipeline.dtype",
-            "the candle backend (live runs and profiles) computes in f32; bf16 is for \
+            "profiles measure the candle backend, which computes in f32; bf16 is for \
              analytic simulations",
         ));
     }

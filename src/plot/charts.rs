@@ -385,16 +385,7 @@ where
     }
     let p = panels(root, "Time to first token (TTFT) per policy", 2)?;
     let ms = |_: usize, v: f64| format!("{v:.1} ms");
-    for (area, title, pick) in [
-        (
-            &p[0],
-            "median (p50)",
-            (|s: &SummaryRow| s.ttft_p50_ms) as fn(&SummaryRow) -> f64,
-        ),
-        (&p[1], "99th percentile (p99)", |s: &SummaryRow| {
-            s.ttft_p99_ms
-        }),
-    ] {
+    for (area, (title, pick)) in p.iter().zip(TTFT_PANELS) {
         let b = Bars {
             title,
             y_desc: "TTFT (ms)",
@@ -407,6 +398,15 @@ where
     root.present()?;
     Ok(())
 }
+
+/// A summary value a panel shows.
+type Pick = fn(&SummaryRow) -> f64;
+
+/// The two TTFT panels: their titles and the summary value each shows.
+const TTFT_PANELS: [(&str, Pick); 2] = [
+    ("median (p50)", |s| s.ttft_p50_ms),
+    ("99th percentile (p99)", |s| s.ttft_p99_ms),
+];
 
 /// For a sweep: TTFT p50 and p99 of each policy against the sweep points, on a log scale.
 fn ttft_against_points<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, r: &Results) -> DrawResult
@@ -444,16 +444,7 @@ where
         .collect();
     let x_desc = key.unwrap_or("sweep point");
     let p = panels(root, "Time to first token (TTFT) across the sweep", 2)?;
-    for (area, title, pick) in [
-        (
-            &p[0],
-            "median (p50)",
-            (|s: &SummaryRow| s.ttft_p50_ms) as fn(&SummaryRow) -> f64,
-        ),
-        (&p[1], "99th percentile (p99)", |s: &SummaryRow| {
-            s.ttft_p99_ms
-        }),
-    ] {
+    for (area, (title, pick)) in p.iter().zip(TTFT_PANELS) {
         let (lo, hi) = log_range(r.summary.iter().map(pick).filter(|v| *v > 0.0));
         let mut chart = ChartBuilder::on(area)
             .caption(title, text(PANEL_TITLE_SIZE))

@@ -475,14 +475,7 @@ mod tests {
     use crate::model::ModelConfig;
 
     fn a100() -> GpuSpec {
-        GpuSpec {
-            name: "A100-SXM4-40GB".into(),
-            memory_bytes: 40 << 30,
-            memory_bandwidth: 1.555e12,
-            peak_flops: 312e12,
-            compute_efficiency: 0.5,
-            memory_efficiency: 0.8,
-        }
+        GpuSpec::a100_40gb(0.5, 0.8)
     }
 
     fn sim_route(cuts: &[usize]) -> Route {
