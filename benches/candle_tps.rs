@@ -10,7 +10,7 @@
 use candle_core::DType;
 use meshsim::backend::CandleBackend;
 use meshsim::exec::{TransformerConfig, WeightSource, default_device};
-use meshsim::shard::{CacheLimits, DecodeMode, Route, SessionId, Shard};
+use meshsim::pipeline::shard::{CacheLimits, DecodeMode, Route, SessionId, Shard};
 use meshsim::units::Nanos;
 use std::time::Instant;
 
@@ -53,7 +53,7 @@ fn run(r: &mut Route, session: u64, n: usize, mode: DecodeMode) -> (f64, f64) {
 }
 
 fn main() {
-    let cfg = TransformerConfig::small();
+    let cfg = TransformerConfig::from_preset(&meshsim::model::catalogue::SMALL);
     let max = env_usize("CANDLE_TPS_MAX", 512);
     let stateless_max = env_usize("CANDLE_TPS_STATELESS_MAX", 256);
     let device = default_device();

@@ -8,8 +8,9 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use meshsim::Nanos;
+use meshsim::actor::ActorId;
 use meshsim::rng::Stream;
-use meshsim::sim::kernel::{ActorId, Kernel, Limits};
+use meshsim::sim::kernel::{Kernel, Limits};
 
 fn rate(pending: usize, steps: u64, seed: u64) -> f64 {
     let limits = Limits {

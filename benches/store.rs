@@ -10,8 +10,8 @@ use std::time::Instant;
 
 use meshsim::hash::{ROOT_PARENT, block_hash};
 use meshsim::rng::Stream;
-use meshsim::store::directory::{Directory, StoreParams, TensorId};
-use meshsim::store::eviction::Eviction;
+use meshsim::serving::store::directory::{Directory, StoreParams, TensorId};
+use meshsim::serving::store::eviction::Eviction;
 
 fn prompt(j: u32) -> Vec<TensorId> {
     let mut parent = ROOT_PARENT;

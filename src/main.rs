@@ -113,15 +113,16 @@ struct ProfileArgs {
 }
 
 fn profile_run(a: &ProfileArgs) -> ExitCode {
-    use meshsim::profile::{self, Grid};
+    use meshsim::profiling::{self as profile, Grid};
     let bad = |msg: String| {
         eprintln!("error: {msg}");
         ExitCode::from(EXIT_BAD_INPUT)
     };
-    let Some(config) = meshsim::live::model_by_name(&a.model) else {
+    let Some(config) = meshsim::exec::TransformerConfig::preset(&a.model) else {
         return bad(format!(
-            "unknown model {:?} (tiny, tiny-qwen, small)",
-            a.model
+            "unknown model {:?} ({})",
+            a.model,
+            meshsim::model::catalogue::names()
         ));
     };
     let layers = match meshsim::live::split_layers(config.layers, a.shards) {

@@ -10,25 +10,27 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::actor::ActorId;
+use crate::backend::SimBatchBackend;
 use crate::hardware::Place;
 use crate::hardware::network::{LinkBytes, Network};
 use crate::metrics::write::{write_requests, write_summary};
 use crate::metrics::{Report, Summary};
 use crate::model::cost::BatchShape;
-use crate::policy::Policy;
-use crate::policy::PolicyKind;
 use crate::scenario::Scenario;
 use crate::serving::instance::{Instance, StoreLink};
+use crate::serving::policy::Policy;
+use crate::serving::policy::PolicyKind;
 use crate::serving::router::Router;
+use crate::serving::store::StoreRules;
+use crate::serving::store::directory::{Directory, StoreParams};
+use crate::serving::store::metadata::Metadata;
+use crate::serving::store::server::StoreServer;
 use crate::sim::host::FetchOverhead;
 use crate::sim::host::SimHost;
-use crate::sim::kernel::ActorId;
 use crate::sim::kernel::SimError;
-use crate::store::StoreRules;
-use crate::store::directory::{Directory, StoreParams};
-use crate::store::metadata::Metadata;
-use crate::store::server::StoreServer;
-use crate::workload::replay::{self, TraceError};
+use crate::workload::TraceError;
+use crate::workload::replay;
 use crate::workload::{Trace, WorkloadSpec, qa};
 
 /// One policy's simulation.
@@ -85,7 +87,7 @@ pub fn simulate(
     policy: PolicyKind,
 ) -> Result<PolicyRun, SimError> {
     let started = Instant::now();
-    let mut host = SimHost::new(Network::new(&s.hardware), s.cost_model(), s.limits, s.seed);
+    let mut host = SimHost::new(Network::new(&s.hardware), s.limits, s.seed);
     host.set_fetch_overhead(FetchOverhead {
         request: s.store.fetch_request_overhead,
         segment: s.store.fetch_segment_overhead,
@@ -119,6 +121,7 @@ pub fn simulate(
                 policy_impl.clone(),
                 s.serving.instance,
                 link,
+                Box::new(SimBatchBackend::new(s.cost_model())),
             )),
             place,
         );

@@ -14,7 +14,7 @@ use meshsim::backend::{Activation, CandleBackend, ModelBackend, StepOutput};
 use meshsim::exec::model::max_abs_diff;
 use meshsim::exec::weights::{save_seeded, seeded_tensors};
 use meshsim::exec::{ShardModel, TransformerConfig, WeightSource};
-use meshsim::shard::{CacheLimits, DecodeMode, Generation, Route, SessionId, Shard};
+use meshsim::pipeline::shard::{CacheLimits, DecodeMode, Generation, Route, SessionId, Shard};
 use meshsim::units::Nanos;
 use std::ops::Range;
 
@@ -69,7 +69,10 @@ fn generate(r: &mut Route, prompt: Vec<u32>, n: usize, mode: DecodeMode) -> Gene
 
 #[test]
 fn split_into_one_two_and_three_shards_gives_the_unsplit_logits_and_tokens() {
-    for cfg in [TransformerConfig::tiny(), TransformerConfig::tiny_qwen()] {
+    for cfg in [
+        TransformerConfig::from_preset(&meshsim::model::catalogue::TINY),
+        TransformerConfig::from_preset(&meshsim::model::catalogue::TINY_QWEN),
+    ] {
         let p = prompt(24, 1);
         let reference = unsplit_logits(&cfg, &p);
         let mut tokens = Vec::new();
@@ -97,7 +100,7 @@ fn split_into_one_two_and_three_shards_gives_the_unsplit_logits_and_tokens() {
 
 #[test]
 fn cached_decode_gives_the_tokens_and_logits_of_stateless_decode() {
-    let cfg = TransformerConfig::tiny();
+    let cfg = TransformerConfig::from_preset(&meshsim::model::catalogue::TINY);
     let mut r = route(&cfg, &[2], CacheLimits::default());
     let cached = generate(&mut r, prompt(16, 2), 20, DecodeMode::Cached);
     let stateless = generate(&mut r, prompt(16, 2), 20, DecodeMode::Stateless);
@@ -111,7 +114,7 @@ fn cached_decode_gives_the_tokens_and_logits_of_stateless_decode() {
 
 #[test]
 fn bytes_between_shards_per_decode_step_do_not_grow_with_the_sequence() {
-    let cfg = TransformerConfig::tiny();
+    let cfg = TransformerConfig::from_preset(&meshsim::model::catalogue::TINY);
     let mut r = route(&cfg, &[1, 3], CacheLimits::default());
     let cached = generate(&mut r, prompt(16, 3), 12, DecodeMode::Cached);
     // Two hops of one [1, 1, 256] f32 activation per decode step.
@@ -134,7 +137,7 @@ fn bytes_between_shards_per_decode_step_do_not_grow_with_the_sequence() {
 /// Generates 16 tokens, disturbing the route with `disturb` after the 6th; the output must
 /// equal an undisturbed run's, with exactly one cache miss.
 fn disturbed_run_matches_undisturbed(disturb: impl Fn(&mut Route) -> Nanos) {
-    let cfg = TransformerConfig::tiny();
+    let cfg = TransformerConfig::from_preset(&meshsim::model::catalogue::TINY);
     let limits = CacheLimits {
         max_sessions: 2,
         ttl: Nanos::from_secs(600),
@@ -197,7 +200,7 @@ fn restarting_a_shard_mid_generation_re_prefills_with_identical_output() {
 
 #[test]
 fn kv_exported_for_a_prefix_serves_a_new_prompt_that_shares_it() {
-    let cfg = TransformerConfig::tiny();
+    let cfg = TransformerConfig::from_preset(&meshsim::model::catalogue::TINY);
     let mut b = backend(&cfg, 0..cfg.layers);
     let layers = 0..cfg.layers;
     let first = prompt(20, 5);
@@ -235,7 +238,7 @@ fn kv_exported_for_a_prefix_serves_a_new_prompt_that_shares_it() {
 
 #[test]
 fn exported_kv_of_a_shard_can_be_imported_in_pieces() {
-    let cfg = TransformerConfig::tiny();
+    let cfg = TransformerConfig::from_preset(&meshsim::model::catalogue::TINY);
     let mut b = backend(&cfg, 1..3);
     let x = {
         let mut head = backend(&cfg, 0..1);
@@ -259,7 +262,7 @@ fn exported_kv_of_a_shard_can_be_imported_in_pieces() {
 
 #[test]
 fn weights_saved_to_safetensors_load_to_identical_logits() {
-    let cfg = TransformerConfig::tiny_qwen();
+    let cfg = TransformerConfig::from_preset(&meshsim::model::catalogue::TINY_QWEN);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tiny.safetensors");
     save_seeded(&cfg, SEED, &path).unwrap();
@@ -284,7 +287,7 @@ fn weights_saved_to_safetensors_load_to_identical_logits() {
 
 #[test]
 fn seeded_weights_do_not_depend_on_the_shard_range() {
-    let cfg = TransformerConfig::tiny();
+    let cfg = TransformerConfig::from_preset(&meshsim::model::catalogue::TINY);
     let all = seeded_tensors(&cfg, 0..4, SEED, &Device::Cpu).unwrap();
     let part = seeded_tensors(&cfg, 2..3, SEED, &Device::Cpu).unwrap();
     let name = "model.layers.2.mlp.up_proj.weight";
@@ -297,7 +300,7 @@ fn seeded_weights_do_not_depend_on_the_shard_range() {
 
 #[test]
 fn shard_models_reject_wrong_inputs_and_caches() {
-    let cfg = TransformerConfig::tiny();
+    let cfg = TransformerConfig::from_preset(&meshsim::model::catalogue::TINY);
     let vb = meshsim::exec::weights::var_builder(
         &cfg,
         1..2,
@@ -321,7 +324,7 @@ fn shard_models_reject_wrong_inputs_and_caches() {
 
 #[test]
 fn a_bf16_route_runs_and_holds_half_the_cache_bytes_of_f32() {
-    let cfg = TransformerConfig::tiny();
+    let cfg = TransformerConfig::from_preset(&meshsim::model::catalogue::TINY);
     let shard = |layers: Range<usize>, dtype| {
         let b = CandleBackend::load(
             &cfg,

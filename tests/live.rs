@@ -16,7 +16,7 @@ use meshsim::exec::{TransformerConfig, WeightSource};
 use meshsim::live::split_layers;
 use meshsim::pipeline::run::{live, trace};
 use meshsim::pipeline::scenario::PipelineScenario;
-use meshsim::shard::{CacheLimits, DecodeMode, Route, SessionId, Shard};
+use meshsim::pipeline::shard::{CacheLimits, DecodeMode, Route, SessionId, Shard};
 use meshsim::units::Nanos;
 
 fn route(cfg: &TransformerConfig, layers: &[Range<usize>], seed: u64) -> Route {

@@ -14,7 +14,7 @@ use meshsim::exec::WeightSource;
 use meshsim::metrics::RequestRecord;
 use meshsim::pipeline::run::{PipelineRun, live, simulate, simulate_all, trace, write_results};
 use meshsim::pipeline::scenario::{PipelineScenario, mode_name};
-use meshsim::shard::{CacheLimits, DecodeMode, Route, SessionId, Shard};
+use meshsim::pipeline::shard::{CacheLimits, DecodeMode, Route, SessionId, Shard};
 use meshsim::units::Nanos;
 
 const A100: &str = r#"

@@ -12,7 +12,6 @@ use meshsim::metrics::{Report, RequestRecord, Summary};
 use meshsim::plot::{Figure, Results, output_files};
 use meshsim::run::write_results;
 use meshsim::units::Nanos;
-use meshsim::workload::{ReqId, Request};
 
 /// Runs the small scenario and writes its results (CSV, plots, report) into `<tmp>/out`.
 fn results() -> (tempfile::TempDir, PathBuf) {
@@ -307,14 +306,8 @@ fn pipeline_records(first_id: u32, output_tokens: u32, e2e_s: &[u64]) -> Vec<Req
         .iter()
         .enumerate()
         .map(|(i, &e2e)| {
-            let request = Request {
-                arrival: Nanos(1_000_000_000 * i as u64),
-                segments: vec![],
-                prompt_tokens: 100,
-                output_tokens,
-                context: 0,
-            };
-            let mut r = RequestRecord::new(ReqId(first_id + i as u32), &request);
+            let arrival = Nanos(1_000_000_000 * i as u64);
+            let mut r = RequestRecord::new(first_id + i as u32, arrival, 100, output_tokens);
             r.instance = 0;
             r.admitted = Some(r.arrival);
             r.first_token = Some(r.arrival + Nanos(10_000_000));
@@ -323,16 +316,7 @@ fn pipeline_records(first_id: u32, output_tokens: u32, e2e_s: &[u64]) -> Vec<Req
         })
         .collect();
     // An unfinished and a rejected request: not counted.
-    let mut unfinished = RequestRecord::new(
-        ReqId(first_id + 100),
-        &Request {
-            arrival: Nanos(0),
-            segments: vec![],
-            prompt_tokens: 100,
-            output_tokens,
-            context: 0,
-        },
-    );
+    let mut unfinished = RequestRecord::new(first_id + 100, Nanos(0), 100, output_tokens);
     records.push(unfinished.clone());
     unfinished.id += 1;
     unfinished.rejected = true;

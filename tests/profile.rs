@@ -8,7 +8,8 @@ use candle_core::Device;
 use meshsim::backend::{Activation, ModelBackend, SimBackend};
 use meshsim::exec::{TransformerConfig, WeightSource};
 use meshsim::live::split_layers;
-use meshsim::profile::{Grid, Profile, ProfileError, measure};
+use meshsim::model::profile::{Profile, ProfileError};
+use meshsim::profiling::{Grid, measure};
 
 fn tiny_grid() -> Grid {
     Grid {
@@ -20,7 +21,7 @@ fn tiny_grid() -> Grid {
 
 #[test]
 fn a_measured_tiny_profile_round_trips_and_times_every_point() {
-    let cfg = TransformerConfig::tiny();
+    let cfg = TransformerConfig::from_preset(&meshsim::model::catalogue::TINY);
     let layers = split_layers(cfg.layers, 2).unwrap();
     let p = measure(
         &cfg,

@@ -11,7 +11,8 @@ use std::sync::Arc;
 
 use meshsim::Scenario;
 use meshsim::run::{simulate_all, trace};
-use meshsim::workload::replay::{self, Loaded, ReplaySpec, Source, TraceError};
+use meshsim::workload::TraceError;
+use meshsim::workload::replay::{self, Loaded, ReplaySpec, Source};
 use meshsim::workload::stats::TraceStats;
 use meshsim::workload::tokenize::Tokenizer;
 use meshsim::workload::{SegId, Trace};

@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use meshsim::hash::{ROOT_PARENT, block_hash};
-use meshsim::store::directory::{Directory, StoreEvent, StoreParams, TensorId};
-use meshsim::store::eviction::Eviction;
+use meshsim::serving::store::directory::{Directory, StoreEvent, StoreParams, TensorId};
+use meshsim::serving::store::eviction::Eviction;
 
 struct Script {
     d: Directory,

@@ -4,8 +4,8 @@
 use std::collections::BTreeSet;
 
 use meshsim::hash::{ROOT_PARENT, block_hash};
-use meshsim::store::directory::{Directory, StoreEvent, StoreParams, TensorId};
-use meshsim::store::eviction::Eviction;
+use meshsim::serving::store::directory::{Directory, StoreEvent, StoreParams, TensorId};
+use meshsim::serving::store::eviction::Eviction;
 use proptest::prelude::*;
 
 fn chain(symbols: &[u8]) -> Vec<TensorId> {

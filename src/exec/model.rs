@@ -29,7 +29,7 @@ use std::ops::Range;
 
 use super::ExecError;
 use super::kv::KvCache;
-use crate::model::ModelConfig;
+use crate::model::{ModelConfig, Preset};
 
 /// What the candle transformer needs: the architecture numbers of [`ModelConfig`] plus the
 /// rotary base and the RMSNorm epsilon.
@@ -71,52 +71,14 @@ impl TransformerConfig {
         }
     }
 
-    /// Mistral-7B-Instruct-v0.2: `rope_theta` 1e6 and `rms_norm_eps` 1e-5 from its Hugging
-    /// Face `config.json` (v0.2 dropped the sliding window, so full causal attention is right).
-    pub fn mistral_7b_instruct_v0_2() -> TransformerConfig {
-        Self::from_model(&ModelConfig::mistral_7b_instruct_v0_2(), 1e6, 1e-5)
+    /// The candle configuration of a catalogue preset (see [`crate::model::catalogue`]).
+    pub fn from_preset(p: &Preset) -> TransformerConfig {
+        Self::from_model(&p.model, p.rope_theta, p.rms_eps)
     }
 
-    /// Qwen2.5-0.5B: `rope_theta` 1e6 and `rms_norm_eps` 1e-6 from its `config.json`.
-    pub fn qwen2_5_0_5b() -> TransformerConfig {
-        Self::from_model(&ModelConfig::qwen2_5_0_5b(), 1e6, 1e-6)
-    }
-
-    /// [`ModelConfig::tiny`] (4 layers, hidden 256) with Llama's defaults (10,000 and 1e-5).
-    pub fn tiny() -> TransformerConfig {
-        Self::from_model(&ModelConfig::tiny(), 10_000.0, 1e-5)
-    }
-
-    /// A tiny Qwen2-style model for tests: [`TransformerConfig::tiny`] with QKV bias and tied
-    /// embeddings.
-    pub fn tiny_qwen() -> TransformerConfig {
-        TransformerConfig {
-            name: "tiny-qwen".into(),
-            tied_embeddings: true,
-            qkv_bias: true,
-            rope_theta: 1e6,
-            rms_eps: 1e-6,
-            ..Self::tiny()
-        }
-    }
-
-    /// A small model for benchmarks on a CPU: 8 layers, hidden 512, 8 heads, 2 KV heads,
-    /// intermediate 1536, vocab 4096 (about 35 M parameters).
-    pub fn small() -> TransformerConfig {
-        TransformerConfig {
-            name: "small".into(),
-            layers: 8,
-            hidden: 512,
-            ffn: 1536,
-            heads: 8,
-            kv_heads: 2,
-            head_dim: 64,
-            vocab: 4096,
-            tied_embeddings: false,
-            qkv_bias: false,
-            rope_theta: 10_000.0,
-            rms_eps: 1e-5,
-        }
+    /// The candle configuration of the preset called `name`.
+    pub fn preset(name: &str) -> Option<TransformerConfig> {
+        crate::model::preset(name).map(Self::from_preset)
     }
 
     /// Checks the numbers that the model relies on.
@@ -142,14 +104,7 @@ impl TransformerConfig {
     /// simulated backend can stand in for this configuration. `ModelConfig::name` is static:
     /// the known presets keep their names, anything else is called `"custom"`.
     pub fn model_config(&self, bytes_per_element: u64) -> ModelConfig {
-        let name = match self.name.as_str() {
-            "tiny" => "tiny",
-            "tiny-qwen" => "tiny-qwen",
-            "small" => "small",
-            "mistral-7b-instruct-v0.2" => "mistral-7b-instruct-v0.2",
-            "qwen2.5-0.5b" => "qwen2.5-0.5b",
-            _ => "custom",
-        };
+        let name = crate::model::preset(&self.name).map_or("custom", |p| p.name());
         ModelConfig {
             name,
             layers: self.layers as u64,
@@ -540,46 +495,47 @@ mod tests {
 
     #[test]
     fn presets_carry_the_analytic_architecture_and_pass_validation() {
-        let m = TransformerConfig::mistral_7b_instruct_v0_2();
+        let m = TransformerConfig::from_preset(&crate::model::catalogue::MISTRAL_7B_V0_2);
         assert_eq!(
             (m.layers, m.hidden, m.kv_heads, m.vocab),
             (32, 4096, 8, 32000)
         );
         assert_eq!(m.rope_theta, 1e6);
-        let q = TransformerConfig::qwen2_5_0_5b();
+        let q = TransformerConfig::from_preset(&crate::model::catalogue::QWEN2_5_0_5B);
         assert!(q.qkv_bias && q.tied_embeddings);
         for c in [
             m,
             q,
-            TransformerConfig::tiny(),
-            TransformerConfig::tiny_qwen(),
+            TransformerConfig::from_preset(&crate::model::catalogue::TINY),
+            TransformerConfig::from_preset(&crate::model::catalogue::TINY_QWEN),
         ] {
             c.validate().unwrap();
         }
         let bad = TransformerConfig {
             kv_heads: 3,
-            ..TransformerConfig::tiny()
+            ..TransformerConfig::from_preset(&crate::model::catalogue::TINY)
         };
         assert!(matches!(bad.validate(), Err(ExecError::Config(_))));
     }
 
     #[test]
     fn model_configs_mirror_the_transformer_and_name_presets() {
-        let m = TransformerConfig::mistral_7b_instruct_v0_2().model_config(2);
-        assert_eq!(m, ModelConfig::mistral_7b_instruct_v0_2());
+        let m = TransformerConfig::from_preset(&crate::model::catalogue::MISTRAL_7B_V0_2)
+            .model_config(2);
+        assert_eq!(m, crate::model::catalogue::MISTRAL_7B_V0_2.model);
         assert_eq!(
-            TransformerConfig::qwen2_5_0_5b().model_config(2),
-            ModelConfig::qwen2_5_0_5b()
+            TransformerConfig::from_preset(&crate::model::catalogue::QWEN2_5_0_5B).model_config(2),
+            crate::model::catalogue::QWEN2_5_0_5B.model
         );
-        let t = TransformerConfig::tiny().model_config(4);
+        let t = TransformerConfig::from_preset(&crate::model::catalogue::TINY).model_config(4);
         assert_eq!(
             t,
             ModelConfig {
                 bytes_per_element: 4,
-                ..ModelConfig::tiny()
+                ..crate::model::catalogue::TINY.model
             }
         );
-        let s = TransformerConfig::small().model_config(4);
+        let s = TransformerConfig::from_preset(&crate::model::catalogue::SMALL).model_config(4);
         assert_eq!(
             (s.name, s.layers, s.hidden, s.kv_heads),
             ("small", 8, 512, 2)
@@ -587,19 +543,21 @@ mod tests {
         // f32 K/V: 2 x 8 layers x 2 KV heads x 64 x 4 bytes per token.
         assert_eq!(s.kv_bytes_per_token(), 8192);
         assert_eq!(
-            TransformerConfig::tiny_qwen().model_config(4).name,
+            TransformerConfig::from_preset(&crate::model::catalogue::TINY_QWEN)
+                .model_config(4)
+                .name,
             "tiny-qwen"
         );
         let custom = TransformerConfig {
             name: "mine".into(),
-            ..TransformerConfig::tiny()
+            ..TransformerConfig::from_preset(&crate::model::catalogue::TINY)
         };
         assert_eq!(custom.model_config(4).name, "custom");
     }
 
     #[test]
     fn configs_round_trip_through_toml_and_reject_unknown_keys() {
-        let c = TransformerConfig::tiny_qwen();
+        let c = TransformerConfig::from_preset(&crate::model::catalogue::TINY_QWEN);
         let text = toml::to_string(&c).unwrap();
         assert_eq!(toml::from_str::<TransformerConfig>(&text).unwrap(), c);
         let extra = format!("{text}\nsliding_window = 4096\n");
@@ -608,7 +566,7 @@ mod tests {
 
     #[test]
     fn rotary_tables_at_an_offset_are_rows_of_the_tables_from_zero() {
-        let c = TransformerConfig::tiny();
+        let c = TransformerConfig::from_preset(&crate::model::catalogue::TINY);
         let dev = Device::Cpu;
         let (cos, sin) = rotary(&c, 0, 10, DType::F32, &dev).unwrap();
         let (cos7, sin7) = rotary(&c, 7, 3, DType::F32, &dev).unwrap();

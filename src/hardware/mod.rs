@@ -104,7 +104,7 @@ impl HardwareSpec {
 }
 
 /// Where an actor runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Place {
     /// The frontend host that runs clients and the router.
     Frontend,

@@ -29,8 +29,28 @@
 //! node's host memory crosses the GPU's PCIe link. A node's SSDs are one read and one write
 //! channel, each as fast as all drives striped, plus the drives' latency.
 
-use super::{HardwareSpec, Place};
+use super::{HardwareSpec, LinkSpec, Place};
 use crate::units::Nanos;
+
+/// What the network needs to know of the cluster's shape and latencies.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    nodes: u32,
+    gpus_per_node: u32,
+    nics_per_node: u32,
+    inter_node_latency: Nanos,
+    nvlink_latency: Nanos,
+    pcie_latency: Nanos,
+    ssd_latency: Nanos,
+    /// Whether the nodes have SSDs (a bare fabric has none).
+    ssds: bool,
+}
+
+impl Shape {
+    fn total_gpus(&self) -> u32 {
+        self.nodes * self.gpus_per_node
+    }
+}
 
 #[derive(Clone, Copy, Debug)]
 struct Link {
@@ -51,7 +71,7 @@ pub struct LinkBytes {
 /// The state of every link of a cluster.
 #[derive(Debug)]
 pub struct Network {
-    spec: HardwareSpec,
+    spec: Shape,
     links: Vec<Link>,
     totals: LinkBytes,
 }
@@ -63,6 +83,31 @@ enum Dir {
 }
 
 impl Network {
+    /// `nodes` hosts joined by a switched fabric: one NIC per node (and one for the frontend)
+    /// of `link.bandwidth` per direction, `link.latency` one way between two nodes; no GPUs and
+    /// no SSDs. Pipeline routes use it: their shards exchange activations host to host.
+    pub fn fabric(nodes: u32, link: LinkSpec) -> Network {
+        let nic = Link {
+            bandwidth: link.bandwidth,
+            free_at: Nanos::ZERO,
+            bytes: 0,
+        };
+        Network {
+            spec: Shape {
+                nodes,
+                gpus_per_node: 0,
+                nics_per_node: 1,
+                inter_node_latency: link.latency,
+                nvlink_latency: Nanos::ZERO,
+                pcie_latency: Nanos::ZERO,
+                ssd_latency: Nanos::ZERO,
+                ssds: false,
+            },
+            links: vec![nic; 2 * (nodes as usize + 1)],
+            totals: LinkBytes::default(),
+        }
+    }
+
     pub fn new(spec: &HardwareSpec) -> Network {
         let nics = spec.network.nics_per_node as usize;
         let gpus = spec.total_gpus() as usize;
@@ -97,7 +142,16 @@ impl Network {
             });
         }
         Network {
-            spec: spec.clone(),
+            spec: Shape {
+                nodes: spec.nodes,
+                gpus_per_node: spec.gpus_per_node,
+                nics_per_node: spec.network.nics_per_node,
+                inter_node_latency: spec.inter_node_latency(),
+                nvlink_latency: spec.nvlink.latency,
+                pcie_latency: spec.pcie.latency,
+                ssd_latency: spec.ssd.latency,
+                ssds: true,
+            },
             links,
             totals: LinkBytes::default(),
         }
@@ -107,7 +161,7 @@ impl Network {
     /// 0 and 2 on NIC 0, 1 and 3 on NIC 1); host memory uses the NIC of the GPU it talks to,
     /// or NIC 0; the frontend has one NIC of its own.
     fn nic_link(&self, place: Place, peer: Place, dir: Dir) -> usize {
-        let nics = self.spec.network.nics_per_node;
+        let nics = self.spec.nics_per_node;
         let gpu_of = |p: Place| match p {
             Place::Gpu { gpu, .. } => Some(gpu),
             _ => None,
@@ -126,7 +180,7 @@ impl Network {
     }
 
     fn pcie_base(&self) -> usize {
-        2 * (self.spec.nodes as usize * self.spec.network.nics_per_node as usize + 1)
+        2 * (self.spec.nodes as usize * self.spec.nics_per_node as usize + 1)
     }
 
     fn nvlink_base(&self) -> usize {
@@ -145,7 +199,7 @@ impl Network {
                     self.nic_link(from, to, Dir::Tx),
                     self.nic_link(to, from, Dir::Rx),
                 ];
-                latency = self.spec.inter_node_latency();
+                latency = self.spec.inter_node_latency;
                 kind = 0;
             }
             _ => match (from, to) {
@@ -155,19 +209,19 @@ impl Network {
                         self.gpu_link(node, g1, base, Dir::Tx),
                         self.gpu_link(node, g2, base, Dir::Rx),
                     ];
-                    latency = self.spec.nvlink.latency;
+                    latency = self.spec.nvlink_latency;
                     kind = 2;
                 }
                 (Place::Gpu { node, gpu }, Place::Host { .. }) => {
                     let l = self.gpu_link(node, gpu, self.pcie_base(), Dir::Tx);
                     path = [l, l];
-                    latency = self.spec.pcie.latency;
+                    latency = self.spec.pcie_latency;
                     kind = 1;
                 }
                 (Place::Host { .. }, Place::Gpu { node, gpu }) => {
                     let l = self.gpu_link(node, gpu, self.pcie_base(), Dir::Rx);
                     path = [l, l];
-                    latency = self.spec.pcie.latency;
+                    latency = self.spec.pcie_latency;
                     kind = 1;
                 }
                 // Same place: delivered in memory, at once.
@@ -199,8 +253,12 @@ impl Network {
     }
 
     /// Reads or writes `bytes` on `node`'s SSDs (striped over all drives), starting no earlier
-    /// than `now`, FIFO per direction; returns when the last byte is done.
-    pub fn ssd(&mut self, now: Nanos, node: u32, write: bool, bytes: u64) -> Nanos {
+    /// than `now`, FIFO per direction; returns when the last byte is done, or `None` when the
+    /// node has no SSDs.
+    pub fn ssd(&mut self, now: Nanos, node: u32, write: bool, bytes: u64) -> Option<Nanos> {
+        if !self.spec.ssds || node >= self.spec.nodes {
+            return None;
+        }
         let l = self.ssd_base() + 2 * node as usize + write as usize;
         let link = &mut self.links[l];
         let start = now.max(link.free_at);
@@ -208,7 +266,7 @@ impl Network {
         link.free_at = done;
         link.bytes += bytes;
         self.totals.ssd += bytes;
-        done + self.spec.ssd.latency
+        Some(done + self.spec.ssd_latency)
     }
 
     pub fn totals(&self) -> LinkBytes {

@@ -6,13 +6,13 @@
 //! actor asks for through its [`Context`]:
 //!
 //! * `now`: nanoseconds of wall time since the run started;
-//! * `send` / `send_after`: the message goes into the target's ractor mailbox (after the
-//!   delay, on a tokio timer); actors share one process, so the payload size is only counted;
+//! * `send`: the message goes into the target's ractor mailbox; actors share one process, so
+//!   the payload size is only counted;
 //! * `timer`: a tokio timer that delivers the message to the actor itself;
 //! * `start(Work::Compute(_))`: the work has already run for real inside the handler (a
-//!   candle forward pass takes its wall time there), so `done` is delivered at once;
-//!   other kinds of work (batches, fetches, SSD) have no live implementation yet and are
-//!   reported as violations;
+//!   candle forward pass takes its wall time there), so it ends at once: `done` is delivered
+//!   (or the [`Then::Send`] message sent) right away; other kinds of work (fetches, SSD) have
+//!   no live implementation yet and are reported as errors;
 //! * `rng`: the actor's own ChaCha8 stream, numbered as on the sim host.
 //!
 //! A handler runs on a tokio worker thread inside `block_in_place` (on a multi-threaded
@@ -34,23 +34,24 @@ use std::time::{Duration, Instant};
 use ractor::{Actor as RactorActor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::LiveError;
-use crate::actor::{Actor, Context, Msg, Work};
+use crate::actor::{Actor, ActorId, Context, Message, Then, Work};
 use crate::metrics::Report;
 use crate::rng::{Stream, streams};
-use crate::sim::kernel::ActorId;
 use crate::units::Nanos;
 
 /// What a shell's mailbox carries.
-pub enum Envelope {
+pub enum Envelope<M> {
+    /// The start of the run, for [`Actor::start`].
+    Start,
     /// A message for the actor.
-    Deliver(Msg),
+    Deliver(M),
     /// The actor's report, at the end of the run.
     Report(RpcReplyPort<Report>),
 }
 
-struct Shared {
+struct Shared<M> {
     started: Instant,
-    peers: OnceLock<Vec<ActorRef<Envelope>>>,
+    peers: OnceLock<Vec<ActorRef<Envelope<M>>>>,
     /// Messages sent (or due on a timer) and not yet handled.
     in_flight: AtomicU64,
     /// An actor panicked or a message could not be delivered.
@@ -61,7 +62,7 @@ struct Shared {
     errors: Mutex<Vec<String>>,
 }
 
-impl Shared {
+impl<M: Message> Shared<M> {
     fn now(&self) -> Nanos {
         Nanos(self.started.elapsed().as_nanos() as u64)
     }
@@ -88,97 +89,104 @@ impl Shared {
     }
 
     /// Puts `msg` into `to`'s mailbox; it must already be counted by [`Self::sent`].
-    fn deliver(&self, to: ActorId, msg: Msg) {
+    fn deliver(&self, to: ActorId, msg: Envelope<M>) {
         let Some(peer) = self.peers.get().and_then(|p| p.get(to.0 as usize)) else {
             self.error(format!("a message to unknown actor {}", to.0));
             self.landed();
             return;
         };
         self.messages.fetch_add(1, Ordering::Relaxed);
-        if peer.cast(Envelope::Deliver(msg)).is_err() {
+        if peer.cast(msg).is_err() {
             self.error(format!("actor {} has stopped", to.0));
             self.landed();
         }
     }
 }
 
-struct LiveCtx<'a> {
-    shared: &'a Arc<Shared>,
+struct LiveCtx<'a, M> {
+    shared: &'a Arc<Shared<M>>,
     me: ActorId,
     rng: &'a mut Stream,
 }
 
-impl Context for LiveCtx<'_> {
+impl<M: Message> Context<M> for LiveCtx<'_, M> {
     fn now(&self) -> Nanos {
         self.shared.now()
     }
     fn me(&self) -> ActorId {
         self.me
     }
-    fn send_after(&mut self, delay: Nanos, to: ActorId, msg: Msg, payload_bytes: u64) {
+    fn send(&mut self, to: ActorId, msg: M, payload_bytes: u64) {
         self.shared
             .bytes
             .fetch_add(payload_bytes, Ordering::Relaxed);
         self.shared.sent();
-        if delay == Nanos::ZERO {
-            self.shared.deliver(to, msg);
-        } else {
-            let shared = Arc::clone(self.shared);
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_nanos(delay.0)).await;
-                shared.deliver(to, msg);
-            });
-        }
+        self.shared.deliver(to, Envelope::Deliver(msg));
     }
-    fn timer(&mut self, after: Nanos, msg: Msg) {
+    fn timer(&mut self, after: Nanos, msg: M) {
         let me = self.me;
-        self.send_after(after, me, msg, 0);
+        self.shared.sent();
+        let shared = Arc::clone(self.shared);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_nanos(after.0)).await;
+            shared.deliver(me, Envelope::Deliver(msg));
+        });
     }
-    fn start(&mut self, work: Work, done: Msg) {
+    fn start_then(&mut self, work: Work, then: Then<M>) {
         if !matches!(work, Work::Compute(_)) {
             self.shared.error(format!(
                 "actor {}: {work:?} cannot run on the live host",
                 self.me.0
             ));
         }
-        self.shared.sent();
-        self.shared.deliver(self.me, done);
+        match then {
+            Then::Notify(done) => {
+                self.shared.sent();
+                self.shared.deliver(self.me, Envelope::Deliver(done));
+            }
+            Then::Send {
+                to,
+                msg,
+                payload_bytes,
+            } => self.send(to, msg, payload_bytes),
+            Then::Nothing => {}
+        }
     }
     fn rng(&mut self) -> &mut Stream {
         self.rng
     }
 }
 
-struct Shell;
+struct Shell<M>(std::marker::PhantomData<fn() -> M>);
 
-struct ShellState {
-    actor: Box<dyn Actor>,
+struct ShellState<M> {
+    actor: Box<dyn Actor<M>>,
     me: ActorId,
-    shared: Arc<Shared>,
+    shared: Arc<Shared<M>>,
     rng: Stream,
 }
 
-impl RactorActor for Shell {
-    type Msg = Envelope;
-    type State = ShellState;
-    type Arguments = ShellState;
+impl<M: Message> RactorActor for Shell<M> {
+    type Msg = Envelope<M>;
+    type State = ShellState<M>;
+    type Arguments = ShellState<M>;
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<Envelope>,
-        state: ShellState,
-    ) -> Result<ShellState, ActorProcessingErr> {
+        _myself: ActorRef<Envelope<M>>,
+        state: ShellState<M>,
+    ) -> Result<ShellState<M>, ActorProcessingErr> {
         Ok(state)
     }
 
     async fn handle(
         &self,
-        _myself: ActorRef<Envelope>,
-        msg: Envelope,
-        st: &mut ShellState,
+        _myself: ActorRef<Envelope<M>>,
+        msg: Envelope<M>,
+        st: &mut ShellState<M>,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            Envelope::Deliver(msg) => {
+            Envelope::Start | Envelope::Deliver(_) => {
                 let ShellState {
                     actor,
                     me,
@@ -192,7 +200,10 @@ impl RactorActor for Shell {
                             me: *me,
                             rng,
                         };
-                        actor.handle(msg, &mut ctx);
+                        match msg {
+                            Envelope::Deliver(m) => actor.handle(m, &mut ctx),
+                            _ => actor.start(&mut ctx),
+                        }
                     }))
                 });
                 if let Err(panic) = handled {
@@ -239,10 +250,10 @@ pub struct LiveOutcome {
 }
 
 /// Runs `actors` (ids 0, 1, ... in order) until no message is left in flight, for at most
-/// `max_wall`. Like the sim host, it sends [`Msg::Start`] to every actor first; a run whose
+/// `max_wall`. Like the sim host, it starts every actor first ([`Actor::start`]); a run whose
 /// actors report violations, panic or lose a message is an error.
-pub async fn run(
-    actors: Vec<Box<dyn Actor>>,
+pub async fn run<M: Message>(
+    actors: Vec<Box<dyn Actor<M>>>,
     seed: u64,
     max_wall: Duration,
 ) -> Result<LiveOutcome, LiveError> {
@@ -266,13 +277,13 @@ pub async fn run(
             shared: Arc::clone(&shared),
             rng: Stream::new(seed, streams::ACTOR_BASE + i as u64),
         };
-        let (r, j) = RactorActor::spawn(None, Shell, state)
+        let (r, j) = RactorActor::spawn(None, Shell(std::marker::PhantomData), state)
             .await
             .map_err(|e| LiveError::Actor(e.to_string()))?;
         refs.push(r);
         joins.push(j);
     }
-    let stop_all = |refs: &[ActorRef<Envelope>]| {
+    let stop_all = |refs: &[ActorRef<Envelope<M>>]| {
         for r in refs {
             r.stop(None);
         }
@@ -287,7 +298,7 @@ pub async fn run(
         shared.sent();
     }
     for i in 0..n {
-        shared.deliver(ActorId(i as u32), Msg::Start);
+        shared.deliver(ActorId(i as u32), Envelope::Start);
     }
     let over =
         || shared.in_flight.load(Ordering::SeqCst) == 0 || shared.failed.load(Ordering::SeqCst);
@@ -323,13 +334,7 @@ pub async fn run(
             ractor::rpc::CallResult::Success(p) => p,
             _ => return Err(LiveError::Actor("an actor did not report".into())),
         };
-        report.records.extend(part.records);
-        report.instances.extend(part.instances);
-        report.violations.extend(part.violations);
-        report.outputs.extend(part.outputs);
-        if part.store.is_some() {
-            report.store = part.store;
-        }
+        report.merge(part);
     }
     stop_all(&refs);
     for j in joins {
@@ -354,14 +359,21 @@ pub async fn run(
 mod tests {
     use super::*;
 
-    /// Records whether `Msg::WorkDone` ever reached it.
+    /// The messages of the test actors.
+    #[derive(Debug)]
+    enum T {
+        Ping,
+        Done,
+    }
+
+    /// Records whether `T::Done` ever reached it.
     struct Sink {
         got: bool,
     }
 
-    impl Actor for Sink {
-        fn handle(&mut self, msg: Msg, _ctx: &mut dyn Context) {
-            if matches!(msg, Msg::WorkDone) {
+    impl Actor<T> for Sink {
+        fn handle(&mut self, msg: T, _ctx: &mut dyn Context<T>) {
+            if matches!(msg, T::Done) {
                 self.got = true;
             }
         }
@@ -372,55 +384,55 @@ mod tests {
         }
     }
 
-    /// On `Restart`, works for a while, then sends `WorkDone` to actor 0.
+    /// On `Ping`, works for a while, then sends `Done` to actor 0.
     struct Relay;
 
-    impl Actor for Relay {
-        fn handle(&mut self, msg: Msg, ctx: &mut dyn Context) {
-            if matches!(msg, Msg::Restart) {
+    impl Actor<T> for Relay {
+        fn handle(&mut self, msg: T, ctx: &mut dyn Context<T>) {
+            if matches!(msg, T::Ping) {
                 std::thread::sleep(Duration::from_millis(50));
-                ctx.send(ActorId(0), Msg::WorkDone, 0);
+                ctx.send(ActorId(0), T::Done, 0);
             }
         }
         fn report(&self, _report: &mut Report) {}
     }
 
-    /// On `Start`, sends `Restart` to actor 1 after a timer.
+    /// At the start, sets a timer; then sends `Ping` to actor 1.
     struct Source;
 
-    impl Actor for Source {
-        fn handle(&mut self, msg: Msg, ctx: &mut dyn Context) {
-            match msg {
-                Msg::Start => ctx.timer(Nanos::from_ms(5), Msg::WorkDone),
-                Msg::WorkDone => ctx.send(ActorId(1), Msg::Restart, 0),
-                _ => {}
+    impl Actor<T> for Source {
+        fn start(&mut self, ctx: &mut dyn Context<T>) {
+            ctx.timer(Nanos::from_ms(5), T::Done);
+        }
+        fn handle(&mut self, msg: T, ctx: &mut dyn Context<T>) {
+            if matches!(msg, T::Done) {
+                ctx.send(ActorId(1), T::Ping, 0);
             }
         }
         fn report(&self, _report: &mut Report) {}
     }
 
-    /// Panics on `Start`.
+    /// Panics at the start.
     struct Faulty;
 
-    impl Actor for Faulty {
-        fn handle(&mut self, msg: Msg, _ctx: &mut dyn Context) {
-            if matches!(msg, Msg::Start) {
-                panic!("boom");
-            }
+    impl Actor<T> for Faulty {
+        fn start(&mut self, _ctx: &mut dyn Context<T>) {
+            panic!("boom");
         }
+        fn handle(&mut self, _msg: T, _ctx: &mut dyn Context<T>) {}
         fn report(&self, _report: &mut Report) {}
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_run_ends_only_when_no_message_is_in_flight() {
         for _ in 0..5 {
-            let actors: Vec<Box<dyn Actor>> = vec![
+            let actors: Vec<Box<dyn Actor<T>>> = vec![
                 Box::new(Sink { got: false }),
                 Box::new(Relay),
                 Box::new(Source),
             ];
             let out = run(actors, 1, Duration::from_secs(30)).await.unwrap();
-            // Start x3, the timer, Restart, WorkDone.
+            // Start x3, the timer, Ping, Done.
             assert_eq!(out.messages, 6);
             assert!(out.wall >= Duration::from_millis(50));
         }
@@ -430,16 +442,15 @@ mod tests {
     async fn a_panicking_actor_ends_the_run_at_once_with_its_message() {
         // Actor 0 keeps a long timer in flight; the panic must not wait for it.
         struct Waiter;
-        impl Actor for Waiter {
-            fn handle(&mut self, msg: Msg, ctx: &mut dyn Context) {
-                if matches!(msg, Msg::Start) {
-                    ctx.timer(Nanos::from_secs(20), Msg::WorkDone);
-                }
+        impl Actor<T> for Waiter {
+            fn start(&mut self, ctx: &mut dyn Context<T>) {
+                ctx.timer(Nanos::from_secs(20), T::Done);
             }
+            fn handle(&mut self, _msg: T, _ctx: &mut dyn Context<T>) {}
             fn report(&self, _report: &mut Report) {}
         }
         let started = Instant::now();
-        let actors: Vec<Box<dyn Actor>> = vec![Box::new(Waiter), Box::new(Faulty)];
+        let actors: Vec<Box<dyn Actor<T>>> = vec![Box::new(Waiter), Box::new(Faulty)];
         let err = run(actors, 1, Duration::from_secs(60)).await.unwrap_err();
         assert!(err.to_string().contains("actor 1 panicked: boom"), "{err}");
         assert!(started.elapsed() < Duration::from_secs(10));

@@ -8,15 +8,13 @@
 //! [`crate::pipeline::Head`] and [`crate::pipeline::ShardNode`] code that the simulator runs is
 //! exactly the code that runs live.
 //!
-//! Addressing stays abstract: actors name each other by [`crate::sim::kernel::ActorId`], which
+//! Addressing stays abstract: actors name each other by [`crate::actor::ActorId`], which
 //! the host maps to a mailbox, so actors could later live in other processes under
-//! `ractor_cluster` once [`crate::actor::Msg`] is serializable.
+//! `ractor_cluster` once each system's messages are serializable.
 
 pub mod host;
 
 use std::ops::Range;
-
-use crate::exec::TransformerConfig;
 
 /// What can go wrong on the live host.
 #[derive(Debug, thiserror::Error)]
@@ -43,16 +41,6 @@ pub fn split_layers(layers: usize, shards: usize) -> Result<Vec<Range<usize>>, L
         start += len;
     }
     Ok(out)
-}
-
-/// The small models known by name (for tests and CPU runs).
-pub fn model_by_name(name: &str) -> Option<TransformerConfig> {
-    match name {
-        "tiny" => Some(TransformerConfig::tiny()),
-        "tiny-qwen" => Some(TransformerConfig::tiny_qwen()),
-        "small" => Some(TransformerConfig::small()),
-        _ => None,
-    }
 }
 
 /// `n` seeded token ids below `vocab` for request `id` (ChaCha8 stream `id` of `seed`).

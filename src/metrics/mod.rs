@@ -16,23 +16,14 @@
 //! `duration = last end - first arrival`; throughput `completed / duration` and
 //! `output tokens / duration`; prefix-hit ratio `sum reused tokens / sum prompt tokens`.
 
+mod stats;
+mod tier;
 pub mod write;
 
-use crate::policy::Tier;
-use crate::serving::instance::InstanceStats;
-use crate::units::Nanos;
-use crate::workload::{ReqId, Request};
+pub use stats::{InstanceStats, PoolStats, StoreReport, StoreStats};
+pub use tier::Tier;
 
-/// What an instance reports when a request ends.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Completion {
-    pub req: ReqId,
-    pub instance: u32,
-    pub admitted_at: Nanos,
-    pub reused: [u32; Tier::ALL.len()],
-    pub loaded_bytes: [u64; Tier::ALL.len()],
-    pub preemptions: u32,
-}
+use crate::units::Nanos;
 
 /// Everything recorded about one request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,10 +44,12 @@ pub struct RequestRecord {
 }
 
 impl RequestRecord {
-    pub fn new(id: ReqId, r: &Request) -> RequestRecord {
+    /// A request of `prompt_tokens` that will generate `output_tokens`, arrived and nothing
+    /// more.
+    pub fn new(id: u32, arrival: Nanos, prompt_tokens: u32, output_tokens: u32) -> RequestRecord {
         RequestRecord {
-            output_tokens: r.output_tokens,
-            ..RequestRecord::arrived(id.0, r.arrival, r.prompt_tokens)
+            output_tokens,
+            ..RequestRecord::arrived(id, arrival, prompt_tokens)
         }
     }
 
@@ -110,12 +103,33 @@ pub struct Report {
     pub records: Vec<RequestRecord>,
     pub instances: Vec<InstanceStats>,
     /// What the prefix store did, under store policies.
-    pub store: Option<crate::store::metadata::StoreReport>,
+    pub store: Option<StoreReport>,
     /// Broken invariants; a run with any is an error.
     pub violations: Vec<String>,
     /// Pipeline runs: the tokens each completed request generated, by request id (not
     /// written to the CSV files; for comparing hosts and backends).
     pub outputs: Vec<(u32, Vec<u32>)>,
+}
+
+impl Report {
+    /// Adds `part` (one actor's report, or one host's) to this report. Both hosts build a
+    /// run's report with this one function, so a field added later cannot be lost on one.
+    pub fn merge(&mut self, part: Report) {
+        let Report {
+            records,
+            instances,
+            store,
+            violations,
+            outputs,
+        } = part;
+        self.records.extend(records);
+        self.instances.extend(instances);
+        if store.is_some() {
+            self.store = store;
+        }
+        self.violations.extend(violations);
+        self.outputs.extend(outputs);
+    }
 }
 
 /// Mean and percentiles of a set of durations, in milliseconds.
@@ -175,7 +189,7 @@ pub struct Summary {
     pub gpu_block_evictions: u64,
     pub gpu_busy_ratio: f64,
     pub network_bytes: u64,
-    pub store: Option<crate::store::metadata::StoreReport>,
+    pub store: Option<StoreReport>,
     pub events: u64,
 }
 

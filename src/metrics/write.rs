@@ -4,8 +4,8 @@
 
 use std::io::Write;
 
+use super::Tier;
 use super::{RequestRecord, Summary};
-use crate::policy::Tier;
 use crate::units::Nanos;
 
 fn opt(v: Option<Nanos>) -> String {
@@ -206,16 +206,7 @@ mod tests {
 
     #[test]
     fn headers_have_one_column_per_value() {
-        let r = RequestRecord::new(
-            crate::workload::ReqId(0),
-            &crate::workload::Request {
-                arrival: Nanos(1),
-                segments: vec![],
-                prompt_tokens: 3,
-                output_tokens: 2,
-                context: 0,
-            },
-        );
+        let r = RequestRecord::new(0, Nanos(1), 3, 2);
         let mut buf = Vec::new();
         write_requests(&mut buf, &[(None, "p", std::slice::from_ref(&r))]).unwrap();
         let text = String::from_utf8(buf).unwrap();

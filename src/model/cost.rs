@@ -60,7 +60,8 @@ impl BatchShape {
 pub struct CostModel {
     model: ModelConfig,
     gpu: GpuSpec,
-    nvlink: LinkSpec,
+    /// The link of the tensor-parallel all-reduce (none on one GPU).
+    nvlink: Option<LinkSpec>,
     tp: u64,
     overhead: Nanos,
 }
@@ -76,8 +77,19 @@ impl CostModel {
         CostModel {
             model,
             gpu,
-            nvlink,
+            nvlink: Some(nvlink),
             tp: tp as u64,
+            overhead,
+        }
+    }
+
+    /// `model` on one GPU: no tensor parallelism, so no all-reduce link.
+    pub fn single_gpu(model: ModelConfig, gpu: GpuSpec, overhead: Nanos) -> CostModel {
+        CostModel {
+            model,
+            gpu,
+            nvlink: None,
+            tp: 1,
             overhead,
         }
     }
@@ -98,14 +110,14 @@ impl CostModel {
     }
 
     fn allreduce(&self, b: &BatchShape) -> Nanos {
-        if self.tp <= 1 || b.is_empty() {
+        let Some(nvlink) = self.nvlink.filter(|_| self.tp > 1 && !b.is_empty()) else {
             return Nanos::ZERO;
-        }
+        };
         let m = &self.model;
         let tp = self.tp as f64;
         let bytes = (b.new_tokens * m.hidden * m.bytes_per_element) as f64;
-        let one = 2.0 * (tp - 1.0) / tp * bytes / self.nvlink.bandwidth
-            + 2.0 * (tp - 1.0) * self.nvlink.latency.as_secs_f64();
+        let one = 2.0 * (tp - 1.0) / tp * bytes / nvlink.bandwidth
+            + 2.0 * (tp - 1.0) * nvlink.latency.as_secs_f64();
         Nanos::from_secs_f64(2.0 * m.layers as f64 * one)
     }
 
@@ -159,7 +171,7 @@ mod tests {
         // At 1.555e12 B/s: 9.1457068 ms, rounded up to 9,145,707 ns. FLOPs = 2 x 6,979,584,000
         // + 2 x 131,072,000 + 4 x 32 x 32 x 128 = 14,221,836,288 -> 45.6 us: memory-bound.
         let cost = CostModel::new(
-            ModelConfig::mistral_7b_instruct_v0_2(),
+            crate::model::catalogue::MISTRAL_7B_V0_2.model,
             a100(1.0),
             nvlink(),
             1,
@@ -178,7 +190,7 @@ mod tests {
         //   x (4096 x 4097 / 2) = 57,176,752,128,000 + 262,144,000 + 4,399,120,252,928
         //   = 61,576,134,524,928; at 312e12 x 0.5 FLOP/s: 394.7188110 ms -> 394,718,812 ns.
         let cost = CostModel::new(
-            ModelConfig::mistral_7b_instruct_v0_2(),
+            crate::model::catalogue::MISTRAL_7B_V0_2.model,
             a100(0.5),
             nvlink(),
             1,
@@ -196,7 +208,7 @@ mod tests {
 
     #[test]
     fn tensor_parallelism_splits_work_and_adds_allreduces() {
-        let m = ModelConfig::mistral_7b_instruct_v0_2();
+        let m = crate::model::catalogue::MISTRAL_7B_V0_2.model;
         let one = CostModel::new(m.clone(), a100(1.0), nvlink(), 1, Nanos::ZERO);
         let two = CostModel::new(m, a100(1.0), nvlink(), 2, Nanos::ZERO);
         let mut b = BatchShape::default();

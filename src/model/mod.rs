@@ -3,9 +3,14 @@
 //! A [`ModelConfig`] holds what the cost model and the memory plan need: layer count, widths,
 //! heads, vocabulary and bytes per element. From it follow the weight bytes and the KV bytes
 //! per token (`2 x layers x kv_heads x head_dim x bytes_per_element`: one K and one V vector
-//! per layer and KV head).
+//! per layer and KV head). Named models are defined once, in [`catalogue`]; the analytic
+//! cost of a step is [`cost`], a measured one [`profile`].
 
+pub mod catalogue;
 pub mod cost;
+pub mod profile;
+
+pub use catalogue::{Preset, preset};
 
 /// The architecture numbers of a decoder-only transformer (Llama/Mistral/Qwen2 family).
 #[derive(Clone, Debug, PartialEq)]
@@ -26,61 +31,6 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
-    /// Mistral-7B-Instruct-v0.2, from its Hugging Face `config.json`: 32 layers, hidden 4096,
-    /// intermediate 14336, 32 attention heads, 8 KV heads, head dim 128, vocab 32000, bf16/fp16,
-    /// untied LM head. 7.24 B parameters; 128 KiB of KV per token.
-    pub fn mistral_7b_instruct_v0_2() -> ModelConfig {
-        ModelConfig {
-            name: "mistral-7b-instruct-v0.2",
-            layers: 32,
-            hidden: 4096,
-            ffn: 14336,
-            heads: 32,
-            kv_heads: 8,
-            head_dim: 128,
-            vocab: 32000,
-            bytes_per_element: 2,
-            tied_embeddings: false,
-            qkv_bias: false,
-        }
-    }
-
-    /// Qwen2.5-0.5B(-Instruct), from its Hugging Face `config.json`: 24 layers, hidden 896,
-    /// intermediate 4864, 14 heads, 2 KV heads, head dim 64, vocab 151936, bf16, tied
-    /// embeddings, QKV bias. 0.49 B parameters; 12 KiB of KV per token.
-    pub fn qwen2_5_0_5b() -> ModelConfig {
-        ModelConfig {
-            name: "qwen2.5-0.5b",
-            layers: 24,
-            hidden: 896,
-            ffn: 4864,
-            heads: 14,
-            kv_heads: 2,
-            head_dim: 64,
-            vocab: 151936,
-            bytes_per_element: 2,
-            tied_embeddings: true,
-            qkv_bias: true,
-        }
-    }
-
-    /// A tiny model for tests: 4 layers, hidden 256, 4 heads, 2 KV heads, vocab 1024.
-    pub fn tiny() -> ModelConfig {
-        ModelConfig {
-            name: "tiny",
-            layers: 4,
-            hidden: 256,
-            ffn: 512,
-            heads: 4,
-            kv_heads: 2,
-            head_dim: 64,
-            vocab: 1024,
-            bytes_per_element: 2,
-            tied_embeddings: false,
-            qkv_bias: false,
-        }
-    }
-
     /// Parameters of one transformer block: attention projections (Q, K, V, O, and the QKV
     /// bias if any), the SwiGLU MLP (gate, up, down) and two RMSNorm weight vectors.
     pub fn params_per_layer(&self) -> u64 {
@@ -124,11 +74,10 @@ impl ModelConfig {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
 
     #[test]
     fn mistral_7b_has_128_kib_of_kv_per_token_and_7_24_b_parameters() {
-        let m = ModelConfig::mistral_7b_instruct_v0_2();
+        let m = crate::model::catalogue::MISTRAL_7B_V0_2.model;
         assert_eq!(m.kv_bytes_per_token(), 128 * 1024);
         // 32 x 218,112,000 + 4096 + 2 x 131,072,000 = 7,241,732,096 (the published 7.24 B).
         assert_eq!(m.params_per_layer(), 218_112_000);
@@ -137,7 +86,7 @@ mod tests {
 
     #[test]
     fn qwen2_5_0_5b_has_0_49_b_parameters_and_12_kib_of_kv_per_token() {
-        let m = ModelConfig::qwen2_5_0_5b();
+        let m = crate::model::catalogue::QWEN2_5_0_5B.model;
         assert_eq!(m.kv_bytes_per_token(), 12 * 1024);
         // Hugging Face reports 494,032,768 parameters.
         assert_eq!(m.total_params(), 494_032_768);

@@ -27,20 +27,19 @@ use std::time::{Duration, Instant};
 use candle_core::DType;
 
 use super::scenario::{Arrivals, CostSource, PipelineScenario, mode_name};
-use super::{Head, HeadConfig, PipelineRequest, ShardNode};
-use crate::actor::Actor;
+use super::shard::{DecodeMode, Shard};
+use super::{Head, HeadConfig, Msg, PipelineRequest, ShardNode};
+use crate::actor::{Actor, ActorId};
 use crate::backend::{CandleBackend, ModelBackend, SimBackend};
 use crate::exec::{WeightSource, default_device};
+use crate::hardware::Place;
 use crate::hardware::network::Network;
-use crate::hardware::{GpuSpec, HardwareSpec, HostSpec, LinkSpec, NetworkSpec, Place, SsdSpec};
 use crate::live::LiveError;
 use crate::metrics::{Report, RequestRecord, Summary};
-use crate::model::cost::CostModel;
 use crate::rng::{Stream, streams};
 use crate::run::Written;
-use crate::shard::{DecodeMode, Shard};
 use crate::sim::host::SimHost;
-use crate::sim::kernel::{ActorId, SimError};
+use crate::sim::kernel::SimError;
 use crate::units::Nanos;
 
 /// One decode mode's run at one point.
@@ -85,7 +84,7 @@ pub fn actors(
     s: &PipelineScenario,
     mode: DecodeMode,
     backends: Vec<Box<dyn ModelBackend>>,
-) -> Vec<Box<dyn Actor>> {
+) -> Vec<Box<dyn Actor<Msg>>> {
     let n = backends.len();
     let ids: Vec<ActorId> = (1..=n).map(|i| ActorId(i as u32)).collect();
     let cfg = HeadConfig {
@@ -95,7 +94,7 @@ pub fn actors(
         closed_loop: s.workload.arrivals == Arrivals::ClosedLoop,
         restarts: s.restarts.clone(),
     };
-    let mut out: Vec<Box<dyn Actor>> = vec![Box::new(Head::new(cfg, ids.clone(), trace(s)))];
+    let mut out: Vec<Box<dyn Actor<Msg>>> = vec![Box::new(Head::new(cfg, ids.clone(), trace(s)))];
     for (i, b) in backends.into_iter().enumerate() {
         let next = ids.get(i + 1).copied();
         let shard = Shard::new(b, s.cache);
@@ -110,58 +109,10 @@ pub fn actors(
     out
 }
 
-/// A GPU that the cost model of the sim host needs but no pipeline actor uses
-/// ([`crate::actor::Work::Batch`] is never started by a pipeline).
-fn unused_gpu() -> GpuSpec {
-    GpuSpec {
-        name: "unused".into(),
-        memory_bytes: 1,
-        memory_bandwidth: 1.0,
-        peak_flops: 1.0,
-        compute_efficiency: 1.0,
-        memory_efficiency: 1.0,
-    }
-}
-
 /// The network of a pipeline: one node per shard and the frontend, every pair joined by the
 /// scenario's link (one NIC per node, the latency charged once per message).
 fn network(s: &PipelineScenario) -> Network {
-    let link = s.link;
-    let unused = LinkSpec {
-        bandwidth: 1.0,
-        latency: Nanos::ZERO,
-    };
-    let gpu = match &s.cost {
-        CostSource::Analytic { gpu, .. } => gpu.clone(),
-        CostSource::Profile { .. } => unused_gpu(),
-    };
-    Network::new(&HardwareSpec {
-        nodes: s.layers.len() as u32,
-        gpus_per_node: 1,
-        gpu,
-        host: HostSpec {
-            memory_bytes: 1,
-            memory_bandwidth: 1.0,
-        },
-        ssd: SsdSpec {
-            drives: 1,
-            capacity_bytes_per_drive: 1,
-            read_bandwidth_per_drive: 1.0,
-            write_bandwidth_per_drive: 1.0,
-            latency: Nanos::ZERO,
-        },
-        pcie: unused,
-        nvlink: unused,
-        network: NetworkSpec {
-            nics_per_node: 1,
-            nic: LinkSpec {
-                bandwidth: link.bandwidth,
-                latency: Nanos::ZERO,
-            },
-            switch_latency: link.latency,
-            switch_hops: 1,
-        },
-    })
+    Network::fabric(s.layers.len() as u32, s.link)
 }
 
 fn sim_backends(s: &PipelineScenario) -> Vec<Box<dyn ModelBackend>> {
@@ -192,17 +143,7 @@ fn sim_backends(s: &PipelineScenario) -> Vec<Box<dyn ModelBackend>> {
 /// Simulates `s` in `mode`.
 pub fn simulate(s: &PipelineScenario, mode: DecodeMode) -> Result<PipelineRun, SimError> {
     let started = Instant::now();
-    let cost = CostModel::new(
-        s.model_config(),
-        unused_gpu(),
-        LinkSpec {
-            bandwidth: 1.0,
-            latency: Nanos::ZERO,
-        },
-        1,
-        Nanos::ZERO,
-    );
-    let mut host = SimHost::new(network(s), cost, s.limits, s.seed);
+    let mut host = SimHost::new(network(s), s.limits, s.seed);
     for (i, a) in actors(s, mode, sim_backends(s)).into_iter().enumerate() {
         let place = match i {
             0 => Place::Frontend,

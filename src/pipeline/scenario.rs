@@ -43,10 +43,10 @@ use super::RestartAt;
 use crate::exec::TransformerConfig;
 use crate::hardware::{GpuSpec, LinkSpec};
 use crate::model::ModelConfig;
-use crate::profile::Profile;
+use crate::model::profile::Profile;
+use crate::pipeline::shard::{CacheLimits, DecodeMode};
 use crate::scenario::raw::RawGpu;
 use crate::scenario::{Check, MAX_REQUESTS, ScenarioError, deserialize, gpu_spec, sweep_texts};
-use crate::shard::{CacheLimits, DecodeMode};
 use crate::sim::kernel::Limits;
 use crate::units::{GB, Nanos};
 
@@ -72,7 +72,7 @@ pub const MAX_WALL_S: f64 = 7.0 * 86_400.0;
 pub enum CostSource {
     /// The roofline cost model on `gpu`, plus `overhead` per step.
     Analytic { gpu: GpuSpec, overhead: Nanos },
-    /// Times measured on the real backend by `meshsim profile` (one [`crate::profile::ShardProfile`]
+    /// Times measured on the real backend by `meshsim profile` (one [`crate::model::profile::ShardProfile`]
     /// per layer range of the scenario), read from `path`.
     Profile { path: PathBuf, profile: Profile },
 }
@@ -481,13 +481,13 @@ fn validate(
         .collect();
 
     let p = &r.pipeline;
-    let model = crate::profile::known_model(&p.model).ok_or_else(|| {
+    let model = crate::exec::TransformerConfig::preset(&p.model).ok_or_else(|| {
         c.err(
             "pipeline.model",
             format!(
-                "unknown model {:?}; expected tiny, tiny-qwen, small, \
-                 mistral-7b-instruct-v0.2 or qwen2.5-0.5b",
-                p.model
+                "unknown model {:?}; expected one of {}",
+                p.model,
+                crate::model::catalogue::names()
             ),
         )
     })?;

@@ -12,7 +12,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::data::{Latencies, Results, SummaryRow, TpsSeries};
 use super::font::FAMILY;
-use crate::policy::Tier;
+use crate::metrics::Tier;
 
 pub(crate) type DrawResult = Result<(), Box<dyn Error + Send + Sync>>;
 

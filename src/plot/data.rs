@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use crate::policy::Tier;
+use crate::metrics::Tier;
 
 use super::{Figure, PlotError};
 

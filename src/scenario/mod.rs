@@ -14,11 +14,11 @@ use std::path::Path;
 use crate::hardware::{GpuSpec, HardwareSpec, HostSpec, LinkSpec, NetworkSpec, Place, SsdSpec};
 use crate::model::ModelConfig;
 use crate::model::cost::CostModel;
-use crate::policy::PolicyKind;
 use crate::serving::instance::InstanceConfig;
+use crate::serving::policy::PolicyKind;
 use crate::serving::router::RouterStrategy;
+use crate::serving::store::{EvoStoreConfig, PtStoreConfig, StoreConfig};
 use crate::sim::kernel::Limits;
-use crate::store::{EvoStoreConfig, PtStoreConfig, StoreConfig};
 use crate::units::{GB, GIB, Nanos};
 use crate::workload::WorkloadSpec;
 use crate::workload::qa::{ContextMode, Dataset, Order, OutputDist, QaWorkload};
@@ -393,10 +393,18 @@ fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenar
         network,
     };
 
-    let model = match r.model.preset {
-        ModelPreset::Mistral7bInstructV02 => ModelConfig::mistral_7b_instruct_v0_2(),
-        ModelPreset::Qwen25_05b => ModelConfig::qwen2_5_0_5b(),
-        ModelPreset::Tiny => ModelConfig::tiny(),
+    let model = match crate::model::preset(&r.model.preset) {
+        Some(p) => p.model.clone(),
+        None => {
+            return Err(c.err(
+                "model.preset",
+                format!(
+                    "unknown model {:?}; expected one of {}",
+                    r.model.preset,
+                    crate::model::catalogue::names()
+                ),
+            ));
+        }
     };
 
     let s = &r.serving;

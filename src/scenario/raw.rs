@@ -3,9 +3,9 @@
 
 use serde::Deserialize;
 
-use crate::policy::PolicyKind;
+use crate::serving::policy::PolicyKind;
 use crate::serving::router::RouterStrategy;
-use crate::store::eviction::Eviction;
+use crate::serving::store::eviction::Eviction;
 
 fn default_seed() -> u64 {
     1
@@ -155,20 +155,11 @@ pub struct RawNetwork {
     pub switch_hops: u32,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize)]
-pub enum ModelPreset {
-    #[serde(rename = "mistral-7b-instruct-v0.2")]
-    Mistral7bInstructV02,
-    #[serde(rename = "qwen2.5-0.5b")]
-    Qwen25_05b,
-    #[serde(rename = "tiny")]
-    Tiny,
-}
-
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawModel {
-    pub preset: ModelPreset,
+    /// A name of the model catalogue ([`crate::model::preset`]).
+    pub preset: String,
 }
 
 #[derive(Debug, Deserialize)]

@@ -15,6 +15,7 @@
 use std::collections::HashMap;
 
 use crate::hash::IdBuildHasher;
+use crate::metrics::PoolStats;
 
 pub type BlockId = u32;
 const NIL: u32 = u32::MAX;
@@ -26,15 +27,6 @@ struct Block {
     hash: Option<u64>,
     prev: u32,
     next: u32,
-}
-
-/// Counters kept by the pool.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PoolStats {
-    /// Registered blocks dropped to make room.
-    pub evictions: u64,
-    /// Blocks reused from the cache.
-    pub hit_blocks: u64,
 }
 
 /// A fixed pool of KV blocks.

@@ -25,7 +25,7 @@
 //!
 //! **Store policies.** If the policy uses the distributed prefix store, a request first asks
 //! the metadata service for its stored prefix (beyond what the GPU cache holds) and loads it
-//! (see [`crate::store`]); it joins the queue when the loads have arrived, and the loaded
+//! (see [`crate::serving::store`]); it joins the queue when the loads have arrived, and the loaded
 //! tokens count as computed at admission. After its prefill, the prompt's full tensors beyond
 //! the stored prefix are written to the node's store server. Reused tokens are attributed to
 //! the tier they came from; if the GPU cache changed between the lookup and the admission so
@@ -37,14 +37,16 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
-use super::block_pool::{BlockId, BlockPool, PoolStats};
-use crate::actor::{Actor, Context, Lookup, Msg, Work};
+use super::block_pool::{BlockId, BlockPool};
+use super::msg::{Completion, Lookup, Msg};
+use crate::actor::{Actor, ActorId, Context, Work, unexpected};
+use crate::backend::BatchBackend;
 use crate::hardware::Place;
-use crate::metrics::{Completion, Report};
+use crate::metrics::Tier;
+use crate::metrics::{InstanceStats, Report};
 use crate::model::cost::BatchShape;
-use crate::policy::{Policy, Tier};
-use crate::sim::kernel::ActorId;
-use crate::store::directory::{LoadPlan, Location};
+use crate::serving::policy::Policy;
+use crate::serving::store::directory::{LoadPlan, Location};
 use crate::units::Nanos;
 use crate::workload::{ReqId, Trace};
 
@@ -67,16 +69,6 @@ pub struct StoreLink {
     pub node: u32,
     pub tensor_tokens: u32,
     pub tensor_bytes: u64,
-}
-
-/// Counters of one instance, for results.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct InstanceStats {
-    pub iterations: u64,
-    pub busy: Nanos,
-    pub preemptions: u64,
-    pub rejected: u64,
-    pub pool: PoolStats,
 }
 
 #[derive(Debug)]
@@ -143,6 +135,10 @@ pub struct Instance {
     look_in_gpu: bool,
     store: Option<StoreLink>,
     loading: BTreeMap<ReqId, Loading>,
+    /// Prices (or runs) each iteration.
+    backend: Box<dyn BatchBackend>,
+    /// Broken invariants and unexpected messages (errors are values).
+    violations: Vec<String>,
 }
 
 impl Instance {
@@ -153,6 +149,7 @@ impl Instance {
         policy: Arc<dyn Policy>,
         cfg: InstanceConfig,
         store: Option<StoreLink>,
+        backend: Box<dyn BatchBackend>,
     ) -> Instance {
         let look_in_gpu = policy.lookup_tiers().contains(&Tier::Gpu);
         debug_assert_eq!(store.is_some(), policy.store_rules().is_some());
@@ -170,6 +167,8 @@ impl Instance {
             look_in_gpu,
             store,
             loading: BTreeMap::new(),
+            backend,
+            violations: Vec::new(),
         }
     }
 
@@ -189,7 +188,7 @@ impl Instance {
         tokens.div_ceil(self.cfg.block_size)
     }
 
-    fn submit(&mut self, req: ReqId, ctx: &mut dyn Context) {
+    fn submit(&mut self, req: ReqId, ctx: &mut dyn Context<Msg>) {
         let r = self.trace.request(req);
         // The most KV a request holds is prompt + output - 1 tokens: the last sampled token
         // is never fed back.
@@ -256,7 +255,7 @@ impl Instance {
         self.enqueue(seq, ctx);
     }
 
-    fn enqueue(&mut self, seq: Seq, ctx: &mut dyn Context) {
+    fn enqueue(&mut self, seq: Seq, ctx: &mut dyn Context<Msg>) {
         self.waiting.push_back(seq);
         if self.busy_since.is_none() {
             self.step(ctx);
@@ -264,7 +263,7 @@ impl Instance {
     }
 
     /// The metadata service answered: start every load group at once.
-    fn lookup_reply(&mut self, req: ReqId, plan: LoadPlan, ctx: &mut dyn Context) {
+    fn lookup_reply(&mut self, req: ReqId, plan: LoadPlan, ctx: &mut dyn Context<Msg>) {
         let st = self.store.as_ref().expect("store policy");
         let l = self
             .loading
@@ -306,7 +305,7 @@ impl Instance {
     }
 
     /// One load group arrived; when all have, the request joins the queue.
-    fn loaded(&mut self, req: ReqId, ctx: &mut dyn Context) {
+    fn loaded(&mut self, req: ReqId, ctx: &mut dyn Context<Msg>) {
         let l = self
             .loading
             .get_mut(&req)
@@ -349,7 +348,7 @@ impl Instance {
     }
 
     /// Plans and starts the next iteration, if there is anything to compute.
-    fn step(&mut self, ctx: &mut dyn Context) {
+    fn step(&mut self, ctx: &mut dyn Context<Msg>) {
         debug_assert!(self.busy_since.is_none());
         let mut budget = self.cfg.max_batched_tokens;
         let mut shape = BatchShape::default();
@@ -392,7 +391,17 @@ impl Instance {
         }
         self.stats.iterations += 1;
         self.busy_since = Some(ctx.now());
-        ctx.start(Work::Batch(shape), Msg::WorkDone);
+        let duration = match self.backend.iteration(&shape) {
+            Ok(d) => d,
+            Err(e) => {
+                // The iteration still ends (at once), so the instance never stalls; the run
+                // ends with this violation.
+                self.violations
+                    .push(format!("instance {}: iteration failed: {e}", self.index));
+                Nanos::ZERO
+            }
+        };
+        ctx.start(Work::Compute(duration), Msg::WorkDone);
     }
 
     fn admit(&mut self, budget: &mut u32, shape: &mut BatchShape, now: Nanos) {
@@ -448,7 +457,7 @@ impl Instance {
     }
 
     /// Applies the results of the iteration that just ended.
-    fn work_done(&mut self, ctx: &mut dyn Context) {
+    fn work_done(&mut self, ctx: &mut dyn Context<Msg>) {
         let started = self.busy_since.take().expect("work done while idle");
         self.stats.busy += ctx.now() - started;
         let keep = self.policy.keep_gpu_blocks();
@@ -520,19 +529,22 @@ impl Instance {
     }
 }
 
-impl Actor for Instance {
-    fn handle(&mut self, msg: Msg, ctx: &mut dyn Context) {
+impl Actor<Msg> for Instance {
+    fn handle(&mut self, msg: Msg, ctx: &mut dyn Context<Msg>) {
         match msg {
-            Msg::Start => {}
             Msg::Submit(req) => self.submit(req, ctx),
             Msg::WorkDone => self.work_done(ctx),
             Msg::LookupReply(req, plan) => self.lookup_reply(req, *plan, ctx),
             Msg::Loaded(req) => self.loaded(req, ctx),
-            other => panic!("instance {} cannot handle {other:?}", self.index),
+            other => {
+                let me = format!("instance {}", self.index);
+                unexpected(&mut self.violations, &me, &other)
+            }
         }
     }
 
     fn report(&self, report: &mut Report) {
+        report.violations.extend(self.violations.iter().cloned());
         let idle = self.busy_since.is_none() && self.load() == 0;
         let pool_ok = self.pool.check().and_then(|()| {
             if idle && self.pool.free_blocks() != self.pool.num_blocks() {
@@ -564,9 +576,12 @@ impl Actor for Instance {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{LocalPrefix, Vanilla};
+    use crate::actor::Then;
+    use crate::backend::BackendError;
     use crate::rng::Stream;
+    use crate::serving::policy::{LocalPrefix, Vanilla};
     use crate::workload::{Request, TokenArena};
+    use std::sync::Mutex;
 
     /// A context that records what the instance does; time is set by the test.
     struct Script {
@@ -574,16 +589,28 @@ mod tests {
         batches: Vec<BatchShape>,
         sent: Vec<String>,
         rng: Stream,
+        log: Arc<Mutex<Vec<BatchShape>>>,
     }
 
-    impl Context for Script {
+    /// A batch backend that logs the shapes it is asked for; the script collects them when
+    /// the instance starts the iteration.
+    struct Recorder(Arc<Mutex<Vec<BatchShape>>>);
+
+    impl BatchBackend for Recorder {
+        fn iteration(&mut self, batch: &BatchShape) -> Result<Nanos, BackendError> {
+            self.0.lock().unwrap().push(*batch);
+            Ok(Nanos(1_000))
+        }
+    }
+
+    impl Context<Msg> for Script {
         fn now(&self) -> Nanos {
             self.now
         }
         fn me(&self) -> ActorId {
             ActorId(1)
         }
-        fn send_after(&mut self, _: Nanos, _: ActorId, msg: Msg, _: u64) {
+        fn send(&mut self, _: ActorId, msg: Msg, _: u64) {
             self.sent.push(match msg {
                 Msg::FirstToken(r) => format!("first {}", r.0),
                 Msg::Finished(c) => format!("finished {} preempted {}", c.req.0, c.preemptions),
@@ -592,11 +619,11 @@ mod tests {
             });
         }
         fn timer(&mut self, _: Nanos, _: Msg) {}
-        fn start(&mut self, work: Work, _: Msg) {
-            let Work::Batch(b) = work else {
-                panic!("unexpected work {work:?}")
-            };
-            self.batches.push(b);
+        fn start_then(&mut self, work: Work, _: Then<Msg>) {
+            assert!(matches!(work, Work::Compute(_)), "unexpected work {work:?}");
+            let logged = std::mem::take(&mut *self.log.lock().unwrap());
+            assert_eq!(logged.len(), 1, "one priced iteration per started one");
+            self.batches.extend(logged);
         }
         fn rng(&mut self) -> &mut Stream {
             &mut self.rng
@@ -628,7 +655,13 @@ mod tests {
         })
     }
 
-    fn instance(trace: Arc<Trace>, policy: Arc<dyn Policy>, blocks: u32, budget: u32) -> Instance {
+    fn instance(
+        trace: Arc<Trace>,
+        policy: Arc<dyn Policy>,
+        blocks: u32,
+        budget: u32,
+        s: &Script,
+    ) -> Instance {
         let cfg = InstanceConfig {
             block_size: 16,
             num_blocks: blocks,
@@ -636,7 +669,8 @@ mod tests {
             max_batched_tokens: budget,
             max_waiting: 100,
         };
-        Instance::new(0, ActorId(0), trace, policy, cfg, None)
+        let backend = Box::new(Recorder(s.log.clone()));
+        Instance::new(0, ActorId(0), trace, policy, cfg, None, backend)
     }
 
     fn script() -> Script {
@@ -645,6 +679,7 @@ mod tests {
             batches: Vec::new(),
             sent: Vec::new(),
             rng: Stream::new(1, 1),
+            log: Arc::default(),
         }
     }
 
@@ -662,8 +697,8 @@ mod tests {
 
     #[test]
     fn a_prompt_longer_than_the_budget_is_prefilled_in_chunks_before_its_first_token() {
-        let mut i = instance(trace(&[150], 3), Arc::new(Vanilla), 100, 64);
         let mut s = script();
+        let mut i = instance(trace(&[150], 3), Arc::new(Vanilla), 100, 64, &s);
         i.handle(Msg::Submit(ReqId(0)), &mut s);
         assert_eq!(s.batches.len(), 1);
         assert_eq!(s.batches[0].new_tokens, 64);
@@ -687,8 +722,8 @@ mod tests {
     fn when_blocks_run_out_the_newest_sequence_is_preempted_and_still_finishes() {
         // Two 32-token prompts (2 blocks each) generating 40 tokens each need 5 blocks apiece
         // at the end; 8 blocks cannot hold both, so the second is preempted and recomputed.
-        let mut i = instance(trace(&[32, 32], 40), Arc::new(Vanilla), 8, 1024);
         let mut s = script();
+        let mut i = instance(trace(&[32, 32], 40), Arc::new(Vanilla), 8, 1024, &s);
         i.handle(Msg::Submit(ReqId(0)), &mut s);
         i.handle(Msg::Submit(ReqId(1)), &mut s);
         drain(&mut i, &mut s);
@@ -727,8 +762,8 @@ mod tests {
                 contexts: 1,
             })
         };
-        let mut i = instance(t, Arc::new(LocalPrefix), 100, 1024);
         let mut s = script();
+        let mut i = instance(t, Arc::new(LocalPrefix), 100, 1024, &s);
         i.handle(Msg::Submit(ReqId(0)), &mut s);
         drain(&mut i, &mut s);
         i.handle(Msg::Submit(ReqId(1)), &mut s);

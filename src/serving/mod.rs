@@ -1,5 +1,15 @@
-//! Serving: the router that clients talk to, the serving instances, and their KV block pools.
+//! The serving system (DESIGN, "The two systems it models", 2): a router that clients talk
+//! to, serving instances with continuous batching over paged KV block pools, and the prefix
+//! policies and distributed prefix stores they use.
+//!
+//! Actors ([`router::Router`], [`instance::Instance`], [`store::server::StoreServer`],
+//! [`store::metadata::Metadata`]) exchange [`Msg`]; [`policy`] holds the strategies.
 
 pub mod block_pool;
 pub mod instance;
+pub mod msg;
+pub mod policy;
 pub mod router;
+pub mod store;
+
+pub use msg::Msg;

@@ -9,9 +9,9 @@
 
 use std::sync::Arc;
 
-use crate::actor::{Actor, Context, Msg};
+use super::Msg;
+use crate::actor::{Actor, ActorId, Context, unexpected};
 use crate::metrics::{Report, RequestRecord};
-use crate::sim::kernel::ActorId;
 use crate::workload::{ReqId, Trace};
 
 /// How the router picks an instance.
@@ -32,13 +32,18 @@ pub struct Router {
     next_rr: usize,
     outstanding: Vec<u32>,
     records: Vec<RequestRecord>,
+    /// Unexpected messages (errors are values).
+    violations: Vec<String>,
 }
 
 impl Router {
     pub fn new(trace: Arc<Trace>, instances: Vec<ActorId>, strategy: RouterStrategy) -> Router {
         let records = trace
             .ids()
-            .map(|id| RequestRecord::new(id, trace.request(id)))
+            .map(|id| {
+                let r = trace.request(id);
+                RequestRecord::new(id.0, r.arrival, r.prompt_tokens, r.output_tokens)
+            })
             .collect();
         Router {
             outstanding: vec![0; instances.len()],
@@ -47,10 +52,11 @@ impl Router {
             strategy,
             next_rr: 0,
             records,
+            violations: Vec::new(),
         }
     }
 
-    fn schedule_arrival(&self, next: u32, ctx: &mut dyn Context) {
+    fn schedule_arrival(&self, next: u32, ctx: &mut dyn Context<Msg>) {
         if let Some(r) = self.trace.requests.get(next as usize) {
             ctx.timer(r.arrival - ctx.now(), Msg::Arrival(ReqId(next)));
         }
@@ -81,10 +87,13 @@ impl Router {
     }
 }
 
-impl Actor for Router {
-    fn handle(&mut self, msg: Msg, ctx: &mut dyn Context) {
+impl Actor<Msg> for Router {
+    fn start(&mut self, ctx: &mut dyn Context<Msg>) {
+        self.schedule_arrival(0, ctx);
+    }
+
+    fn handle(&mut self, msg: Msg, ctx: &mut dyn Context<Msg>) {
         match msg {
-            Msg::Start => self.schedule_arrival(0, ctx),
             Msg::Arrival(req) => {
                 let i = self.pick();
                 self.outstanding[i] += 1;
@@ -114,11 +123,12 @@ impl Actor for Router {
                 self.records[req.0 as usize].rejected = true;
                 self.done(req);
             }
-            other => panic!("router cannot handle {other:?}"),
+            other => unexpected(&mut self.violations, "router", &other),
         }
     }
 
     fn report(&self, report: &mut Report) {
+        report.violations.extend(self.violations.iter().cloned());
         for r in &self.records {
             if r.end.is_none() && !r.rejected {
                 report
@@ -127,6 +137,6 @@ impl Actor for Router {
                 break;
             }
         }
-        report.records = self.records.clone();
+        report.records.extend(self.records.iter().cloned());
     }
 }

@@ -1,48 +1,63 @@
-//! The simulation host: runs actors on the event kernel and charges their effects.
+//! The simulation host: runs the actors of one system on the event kernel and charges their
+//! effects from the hardware model.
 //!
 //! For each effect an actor asks for through its [`Context`], the host decides the cost:
 //!
 //! * `send`: the message arrives when the network model says its payload has crossed the
 //!   links between the two actors' places ([`Network::transfer`], FIFO per link);
-//! * `start(Work::Batch)`: the batch ends after the roofline duration of the cost model
-//!   ([`CostModel::iteration`]);
+//! * `start(Work::Compute(d))`: for `d`, the duration the actor's model backend (or service
+//!   model) gave, on the device of the actor's place: compute work of actors that share a
+//!   place runs one piece at a time, in the order it was started (FIFO), so shards sharing one
+//!   device wait for each other. The host never prices model work itself (DESIGN contract 3);
 //! * `start(Work::Fetch)`: after the posting overhead (per request plus per segment), the bytes
 //!   cross the links from the source to the actor's place;
 //! * `start(Work::Ssd)`: the bytes cross the node's SSD read or write channel;
-//! * `start(Work::Compute(d))`: for `d`, the backend's modelled duration, on the device of the
-//!   actor's place: compute work of actors that share a place runs one piece at a time, in
-//!   the order it was started (FIFO), so shards sharing one device wait for each other;
+//! * when work ends, [`Then`] says what happens: a message to the actor itself, a message sent
+//!   to another actor at that instant (a server's reply), or nothing;
 //! * `timer`: after exactly the requested delay;
 //! * `rng`: the actor's own ChaCha8 stream, numbered `ACTOR_BASE + actor id`.
 //!
-//! At the end of a run (no event left), every actor reports its results and checks its
-//! invariants; any violation turns the run into an error that names the seed.
+//! Every actor is started by an event at time 0, in the order actors were added. At the end of
+//! a run (no event left), every actor reports its results and checks its invariants
+//! ([`Report::merge`]); any violation turns the run into an error that names the seed.
 
-use crate::actor::{Actor, Context, Msg, Work};
+use std::collections::HashMap;
+
+use crate::actor::{Actor, ActorId, Context, Then, Work};
 use crate::hardware::Place;
 use crate::hardware::network::{LinkBytes, Network};
 use crate::metrics::Report;
-use crate::model::cost::CostModel;
 use crate::rng::{Stream, streams};
-use crate::sim::kernel::{ActorId, Kernel, Limits, SimError};
+use crate::sim::kernel::{Kernel, Limits, SimError};
 use crate::units::Nanos;
 
-struct Slot {
-    actor: Box<dyn Actor>,
-    place: Place,
+/// What the kernel carries: the start of an actor, or one of its system's messages.
+#[derive(Debug)]
+enum Event<M> {
+    Start,
+    Msg(M),
+}
+
+struct Slot<M> {
+    actor: Box<dyn Actor<M>>,
+    /// Index into `places` (and `compute_free`): actors at one place share its device.
+    device: usize,
     rng: Stream,
 }
 
-/// A set of actors on a simulated cluster.
-pub struct SimHost {
-    kernel: Kernel<Msg>,
-    slots: Vec<Slot>,
+/// A set of actors of one system (messages `M`) on a simulated cluster.
+pub struct SimHost<M> {
+    kernel: Kernel<Event<M>>,
+    slots: Vec<Slot<M>>,
     network: Network,
-    cost: CostModel,
     seed: u64,
     fetch_overhead: FetchOverhead,
-    /// When each place's device is free of compute work (places that ran any).
-    compute_free: Vec<(Place, Nanos)>,
+    /// The distinct places of the actors, and when each one's device is free of compute work.
+    places: Vec<Place>,
+    device_of: HashMap<Place, usize>,
+    compute_free: Vec<Nanos>,
+    /// Effects the hardware cannot perform (errors are values: the run fails with them).
+    violations: Vec<String>,
 }
 
 /// Fixed costs of posting a bulk fetch: per request and per gathered segment.
@@ -52,41 +67,38 @@ pub struct FetchOverhead {
     pub segment: Nanos,
 }
 
-struct SimCtx<'a> {
+struct SimCtx<'a, M> {
     fetch_overhead: FetchOverhead,
-    kernel: &'a mut Kernel<Msg>,
+    kernel: &'a mut Kernel<Event<M>>,
     network: &'a mut Network,
-    cost: &'a CostModel,
-    places: &'a [Place],
-    compute_free: &'a mut Vec<(Place, Nanos)>,
+    /// The place of every actor, by id.
+    actor_places: &'a [Place],
+    compute_free: &'a mut [Nanos],
+    violations: &'a mut Vec<String>,
+    device: usize,
     me: ActorId,
     rng: &'a mut Stream,
 }
 
-impl Context for SimCtx<'_> {
+impl<M> Context<M> for SimCtx<'_, M> {
     fn now(&self) -> Nanos {
         self.kernel.now()
     }
     fn me(&self) -> ActorId {
         self.me
     }
-    fn send_after(&mut self, delay: Nanos, to: ActorId, msg: Msg, payload_bytes: u64) {
-        let from = self.places[self.me.0 as usize];
-        let dest = self.places[to.0 as usize];
-        let at = self
-            .network
-            .transfer(self.kernel.now() + delay, from, dest, payload_bytes);
-        self.kernel.schedule(at, to, msg);
-    }
-    fn timer(&mut self, after: Nanos, msg: Msg) {
-        let at = self.kernel.now() + after;
-        self.kernel.schedule(at, self.me, msg);
-    }
-    fn start(&mut self, work: Work, done: Msg) {
+    fn send(&mut self, to: ActorId, msg: M, payload_bytes: u64) {
         let now = self.kernel.now();
-        let here = self.places[self.me.0 as usize];
+        self.send_at(now, to, msg, payload_bytes);
+    }
+    fn timer(&mut self, after: Nanos, msg: M) {
+        let at = self.kernel.now() + after;
+        self.kernel.schedule(at, self.me, Event::Msg(msg));
+    }
+    fn start_then(&mut self, work: Work, then: Then<M>) {
+        let now = self.kernel.now();
+        let here = self.actor_places[self.me.0 as usize];
         let at = match work {
-            Work::Batch(shape) => now + self.cost.iteration(&shape),
             Work::Fetch {
                 from,
                 bytes,
@@ -97,26 +109,46 @@ impl Context for SimCtx<'_> {
                 self.network.transfer(now + overhead, from, here, bytes)
             }
             Work::Ssd { write, bytes } => {
-                let node = here.node().expect("SSD work runs on a node");
-                self.network.ssd(now, node, write, bytes)
+                let done = here
+                    .node()
+                    .and_then(|node| self.network.ssd(now, node, write, bytes));
+                done.unwrap_or_else(|| {
+                    // Errors are values: the work ends at once and the run fails with this.
+                    self.violations.push(format!(
+                        "actor {} at {here:?} started SSD work, but its place has no SSDs",
+                        self.me.0
+                    ));
+                    now
+                })
             }
             Work::Compute(d) => {
-                let slot = match self.compute_free.iter().position(|(p, _)| *p == here) {
-                    Some(i) => i,
-                    None => {
-                        self.compute_free.push((here, Nanos::ZERO));
-                        self.compute_free.len() - 1
-                    }
-                };
-                let end = now.max(self.compute_free[slot].1) + d;
-                self.compute_free[slot].1 = end;
-                end
+                let free = &mut self.compute_free[self.device];
+                *free = now.max(*free) + d;
+                *free
             }
         };
-        self.kernel.schedule(at, self.me, done);
+        match then {
+            Then::Notify(done) => self.kernel.schedule(at, self.me, Event::Msg(done)),
+            Then::Send {
+                to,
+                msg,
+                payload_bytes,
+            } => self.send_at(at, to, msg, payload_bytes),
+            Then::Nothing => {}
+        }
     }
     fn rng(&mut self) -> &mut Stream {
         self.rng
+    }
+}
+
+impl<M> SimCtx<'_, M> {
+    /// Sends `msg` from this actor's place, its first byte leaving at `at`.
+    fn send_at(&mut self, at: Nanos, to: ActorId, msg: M, payload_bytes: u64) {
+        let from = self.actor_places[self.me.0 as usize];
+        let dest = self.actor_places[to.0 as usize];
+        let arrival = self.network.transfer(at, from, dest, payload_bytes);
+        self.kernel.schedule(arrival, to, Event::Msg(msg));
     }
 }
 
@@ -129,16 +161,18 @@ pub struct SimOutcome {
     pub link_bytes: LinkBytes,
 }
 
-impl SimHost {
-    pub fn new(network: Network, cost: CostModel, limits: Limits, seed: u64) -> SimHost {
+impl<M> SimHost<M> {
+    pub fn new(network: Network, limits: Limits, seed: u64) -> SimHost<M> {
         SimHost {
             kernel: Kernel::new(limits, seed),
             slots: Vec::new(),
             network,
-            cost,
             seed,
             fetch_overhead: FetchOverhead::default(),
+            places: Vec::new(),
+            device_of: HashMap::new(),
             compute_free: Vec::new(),
+            violations: Vec::new(),
         }
     }
 
@@ -147,11 +181,17 @@ impl SimHost {
     }
 
     /// Adds an actor running at `place`; ids are given in order from 0.
-    pub fn add(&mut self, actor: Box<dyn Actor>, place: Place) -> ActorId {
+    pub fn add(&mut self, actor: Box<dyn Actor<M>>, place: Place) -> ActorId {
         let id = ActorId(self.slots.len() as u32);
+        let devices = self.compute_free.len();
+        let device = *self.device_of.entry(place).or_insert(devices);
+        if device == devices {
+            self.compute_free.push(Nanos::ZERO);
+        }
+        self.places.push(place);
         self.slots.push(Slot {
             actor,
-            place,
+            device,
             rng: Stream::new(self.seed, streams::ACTOR_BASE + id.0 as u64),
         });
         id
@@ -166,26 +206,34 @@ impl SimHost {
     pub fn run(mut self) -> Result<SimOutcome, SimError> {
         for i in 0..self.slots.len() {
             self.kernel
-                .schedule(Nanos::ZERO, ActorId(i as u32), Msg::Start);
+                .schedule(Nanos::ZERO, ActorId(i as u32), Event::Start);
         }
-        let places: Vec<Place> = self.slots.iter().map(|s| s.place).collect();
         while let Some(event) = self.kernel.pop()? {
             let slot = &mut self.slots[event.target.0 as usize];
             let mut ctx = SimCtx {
                 fetch_overhead: self.fetch_overhead,
                 kernel: &mut self.kernel,
                 network: &mut self.network,
-                cost: &self.cost,
-                places: &places,
+                actor_places: &self.places,
                 compute_free: &mut self.compute_free,
+                violations: &mut self.violations,
+                device: slot.device,
                 me: event.target,
                 rng: &mut slot.rng,
             };
-            slot.actor.handle(event.msg, &mut ctx);
+            match event.msg {
+                Event::Start => slot.actor.start(&mut ctx),
+                Event::Msg(m) => slot.actor.handle(m, &mut ctx),
+            }
         }
-        let mut report = Report::default();
+        let mut report = Report {
+            violations: std::mem::take(&mut self.violations),
+            ..Report::default()
+        };
         for slot in &self.slots {
-            slot.actor.report(&mut report);
+            let mut part = Report::default();
+            slot.actor.report(&mut part);
+            report.merge(part);
         }
         if let Some(first) = report.violations.first() {
             return Err(self.kernel.invariant(format!(

@@ -12,11 +12,8 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
+use crate::actor::ActorId;
 use crate::units::Nanos;
-
-/// Index of an actor in its host.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ActorId(pub u32);
 
 /// Bounds on a simulation run.
 #[derive(Clone, Copy, Debug, PartialEq)]

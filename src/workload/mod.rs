@@ -9,10 +9,13 @@
 //! Every policy of a run replays the same [`Trace`] (same prompts, arrival times and output
 //! lengths), so their results differ only by what the policies do.
 
+mod error;
 pub mod qa;
 pub mod replay;
 pub mod stats;
 pub mod tokenize;
+
+pub use error::TraceError;
 
 use crate::hash::{ROOT_PARENT, block_hash};
 use crate::units::Nanos;

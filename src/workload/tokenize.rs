@@ -13,7 +13,7 @@
 
 use std::path::Path;
 
-use super::replay::TraceError;
+use super::TraceError;
 use crate::hash::bytes_hash;
 
 /// Vocabulary of pseudo token ids (estimated tokens and blocks of traces without text).

@@ -13,44 +13,10 @@ mod vanilla;
 pub use local_prefix::LocalPrefix;
 pub use vanilla::Vanilla;
 
-use crate::store::{StoreConfig, StoreRules};
+use crate::metrics::Tier;
+use crate::serving::store::{StoreConfig, StoreRules};
 
 use std::fmt;
-
-/// Where reused prefix tokens come from. Columns of the results follow this order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Tier {
-    /// The serving instance's own GPU memory.
-    Gpu = 0,
-    /// Host memory of the instance's node.
-    LocalHost = 1,
-    /// NVMe SSD of the instance's node.
-    LocalSsd = 2,
-    /// Host memory of another node.
-    RemoteHost = 3,
-    /// NVMe SSD of another node.
-    RemoteSsd = 4,
-}
-
-impl Tier {
-    pub const ALL: [Tier; 5] = [
-        Tier::Gpu,
-        Tier::LocalHost,
-        Tier::LocalSsd,
-        Tier::RemoteHost,
-        Tier::RemoteSsd,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Tier::Gpu => "gpu",
-            Tier::LocalHost => "local_host",
-            Tier::LocalSsd => "local_ssd",
-            Tier::RemoteHost => "remote_host",
-            Tier::RemoteSsd => "remote_ssd",
-        }
-    }
-}
 
 /// Where store policies look, in order: the GPU cache first, then the store's tiers.
 const STORE_TIERS: &[Tier] = &[

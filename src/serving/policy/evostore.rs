@@ -8,7 +8,7 @@
 //! Combined with the GPU-local prefix cache when `[store] gpu_prefix_cache` is true.
 
 use super::StorePolicy;
-use crate::store::{StoreConfig, StoreRules};
+use crate::serving::store::{StoreConfig, StoreRules};
 
 /// The `evostore` policy with the scenario's `[store]` settings.
 pub fn policy(cfg: &StoreConfig) -> StorePolicy {

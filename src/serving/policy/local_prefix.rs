@@ -9,7 +9,8 @@
 //! when a new block is needed; the capacity is therefore the instance's free KV memory. Only
 //! the instance's own GPU is searched: instances do not share blocks.
 
-use super::{Policy, Tier};
+use super::Policy;
+use crate::metrics::Tier;
 
 #[derive(Debug, Clone, Copy)]
 pub struct LocalPrefix;

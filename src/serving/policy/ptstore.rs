@@ -10,7 +10,7 @@
 //! order, it behaves exactly like `evostore`.
 
 use super::StorePolicy;
-use crate::store::{StoreConfig, StoreRules};
+use crate::serving::store::{StoreConfig, StoreRules};
 
 /// The `ptstore` policy with the scenario's `[store]` settings.
 pub fn policy(cfg: &StoreConfig) -> StorePolicy {

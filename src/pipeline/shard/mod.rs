@@ -472,14 +472,13 @@ mod tests {
     use super::*;
     use crate::backend::SimBackend;
     use crate::hardware::GpuSpec;
-    use crate::model::ModelConfig;
 
     fn a100() -> GpuSpec {
         GpuSpec::a100_40gb(0.5, 0.8)
     }
 
     fn sim_route(cuts: &[usize]) -> Route {
-        let m = ModelConfig::mistral_7b_instruct_v0_2();
+        let m = crate::model::catalogue::MISTRAL_7B_V0_2.model;
         let mut bounds = vec![0];
         bounds.extend_from_slice(cuts);
         bounds.push(m.layers as usize);
@@ -495,7 +494,7 @@ mod tests {
 
     #[test]
     fn routes_must_cover_the_layers_in_order() {
-        let m = ModelConfig::tiny();
+        let m = crate::model::catalogue::TINY.model;
         let shard = |r: std::ops::Range<usize>| {
             let b = SimBackend::new(m.clone(), r, a100(), Nanos::ZERO);
             Shard::new(Box::new(b), CacheLimits::default())

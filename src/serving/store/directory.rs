@@ -36,7 +36,7 @@ use std::collections::HashMap;
 
 use super::eviction::{Eviction, EvictionQueue};
 use crate::hash::IdBuildHasher;
-use crate::policy::Tier;
+use crate::metrics::{StoreStats, Tier};
 
 pub type TensorId = u64;
 
@@ -149,16 +149,6 @@ pub struct InsertOutcome {
     pub demoted: u32,
     pub dropped: u32,
     pub replicas_evicted: u32,
-}
-
-/// Counters over the whole run.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StoreStats {
-    pub stored: u64,
-    pub demoted: u64,
-    pub dropped: u64,
-    pub replicated: u64,
-    pub replicas_evicted: u64,
 }
 
 /// The store's bookkeeping.

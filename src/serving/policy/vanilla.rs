@@ -1,7 +1,8 @@
 //! `vanilla`: no reuse between requests. Every prompt is prefilled in full, and a request's KV
 //! blocks are returned to the free pool, unindexed, when it ends.
 
-use super::{Policy, Tier};
+use super::Policy;
+use crate::metrics::Tier;
 
 #[derive(Debug, Clone, Copy)]
 pub struct Vanilla;

@@ -1,34 +1,26 @@
 //! The metadata service: one actor at node 0's host that owns the [`Directory`].
 //!
 //! Requests are served one at a time, FIFO, each taking `service` time (a lookup walks the
-//! query's ids in a hash map; an insert updates the records and queues): a request arriving
+//! query's ids in a hash map; an insert updates the records and queues): each request is
+//! work on the service's device ([`Work::Compute`]), charged by the host, so a request arriving
 //! while the service is busy waits. A lookup therefore costs the network round trip between
 //! the instance and node 0, the queueing, and `service`. State changes when a request is
-//! taken; the reply leaves when its service time ends.
+//! taken; the reply leaves when its service time ends ([`Then::Send`]). A demotion notice to a
+//! store server leaves at once.
 
-use super::directory::{Directory, StoreStats};
-use crate::actor::{Actor, Context, Msg};
-use crate::metrics::Report;
-use crate::sim::kernel::ActorId;
+use super::directory::Directory;
+use crate::actor::{Actor, ActorId, Context, Then, Work, unexpected};
+use crate::metrics::{Report, StoreReport};
+use crate::serving::Msg;
 use crate::units::Nanos;
-
-/// What the store did over a run.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StoreReport {
-    pub lookups: u64,
-    pub stats: StoreStats,
-    /// Bytes copied into replica caches.
-    pub replication_bytes: u64,
-    /// Bytes demoted from host memory to SSD.
-    pub demoted_bytes: u64,
-}
 
 pub struct Metadata {
     dir: Directory,
     service: Nanos,
-    busy_until: Nanos,
     servers: Vec<ActorId>,
     report: StoreReport,
+    /// Unexpected messages (errors are values).
+    violations: Vec<String>,
 }
 
 impl Metadata {
@@ -36,33 +28,27 @@ impl Metadata {
         Metadata {
             dir,
             service,
-            busy_until: Nanos::ZERO,
             servers,
             report: StoreReport::default(),
+            violations: Vec::new(),
         }
-    }
-
-    /// Takes one request: returns the delay until its service ends.
-    fn serve(&mut self, now: Nanos) -> Nanos {
-        self.busy_until = now.max(self.busy_until) + self.service;
-        self.busy_until - now
     }
 }
 
-impl Actor for Metadata {
-    fn handle(&mut self, msg: Msg, ctx: &mut dyn Context) {
+impl Actor<Msg> for Metadata {
+    fn handle(&mut self, msg: Msg, ctx: &mut dyn Context<Msg>) {
         match msg {
-            Msg::Start => {}
             Msg::Lookup(l) => {
-                let delay = self.serve(ctx.now());
                 self.report.lookups += 1;
                 let plan = self.dir.lookup(&l.chain, l.skip as usize, l.node);
                 let bytes = 16 + 32 * plan.groups.len() as u64 + 8 * plan.replicate.len() as u64;
-                ctx.send_after(
-                    delay,
-                    l.from,
-                    Msg::LookupReply(l.req, Box::new(plan)),
-                    bytes,
+                ctx.start_then(
+                    Work::Compute(self.service),
+                    Then::Send {
+                        to: l.from,
+                        msg: Msg::LookupReply(l.req, Box::new(plan)),
+                        payload_bytes: bytes,
+                    },
                 );
             }
             Msg::Insert {
@@ -70,7 +56,7 @@ impl Actor for Metadata {
                 node,
                 replica,
             } => {
-                self.serve(ctx.now());
+                ctx.start_then(Work::Compute(self.service), Then::Nothing);
                 let tensor_bytes = self.dir.params().tensor_bytes;
                 if replica {
                     self.report.replication_bytes += chain.len() as u64 * tensor_bytes;
@@ -84,11 +70,12 @@ impl Actor for Metadata {
                     }
                 }
             }
-            other => panic!("metadata cannot handle {other:?}"),
+            other => unexpected(&mut self.violations, "metadata", &other),
         }
     }
 
     fn report(&self, report: &mut Report) {
+        report.violations.extend(self.violations.iter().cloned());
         if let Err(e) = self.dir.check() {
             report.violations.push(format!("store: {e}"));
         }

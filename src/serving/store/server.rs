@@ -4,25 +4,31 @@
 //! land in host memory and are registered with the metadata service; demotions decided by the
 //! metadata service are written to SSD in the background (they occupy the SSD write channel).
 
-use crate::actor::{Actor, Context, Msg, Work};
+use crate::actor::{Actor, ActorId, Context, Work, unexpected};
 use crate::metrics::Report;
-use crate::sim::kernel::ActorId;
+use crate::serving::Msg;
 
 pub struct StoreServer {
     node: u32,
     metadata: ActorId,
+    /// Unexpected messages (errors are values).
+    violations: Vec<String>,
 }
 
 impl StoreServer {
     pub fn new(node: u32, metadata: ActorId) -> StoreServer {
-        StoreServer { node, metadata }
+        StoreServer {
+            node,
+            metadata,
+            violations: Vec::new(),
+        }
     }
 }
 
-impl Actor for StoreServer {
-    fn handle(&mut self, msg: Msg, ctx: &mut dyn Context) {
+impl Actor<Msg> for StoreServer {
+    fn handle(&mut self, msg: Msg, ctx: &mut dyn Context<Msg>) {
         match msg {
-            Msg::Start | Msg::WorkDone => {}
+            Msg::WorkDone => {}
             Msg::ReadSsd { req, to, bytes, .. } => ctx.start(
                 Work::Ssd {
                     write: false,
@@ -45,9 +51,14 @@ impl Actor for StoreServer {
                 );
             }
             Msg::Demote { bytes } => ctx.start(Work::Ssd { write: true, bytes }, Msg::WorkDone),
-            other => panic!("store server {} cannot handle {other:?}", self.node),
+            other => {
+                let me = format!("store server {}", self.node);
+                unexpected(&mut self.violations, &me, &other)
+            }
         }
     }
 
-    fn report(&self, _report: &mut Report) {}
+    fn report(&self, report: &mut Report) {
+        report.violations.extend(self.violations.iter().cloned());
+    }
 }

@@ -1,0 +1,76 @@
+//! The messages of the serving system: router, serving instances, store servers and the
+//! metadata service. Large payloads are boxed to keep events small.
+
+use crate::actor::ActorId;
+use crate::metrics::Tier;
+use crate::serving::store::directory::{LoadPlan, TensorId};
+use crate::units::Nanos;
+use crate::workload::ReqId;
+
+/// Every message between the serving system's actors.
+#[derive(Debug)]
+pub enum Msg {
+    /// The router's own timer: request `ReqId` of the trace arrives now.
+    Arrival(ReqId),
+    /// Router -> instance: serve this request (payload: the prompt's token ids).
+    Submit(ReqId),
+    /// The work an actor started has finished.
+    WorkDone,
+    /// Instance -> router: the first output token of a request.
+    FirstToken(ReqId),
+    /// Instance -> router: a request generated its last token.
+    Finished(Box<Completion>),
+    /// Instance -> router: the request cannot be served (queue full, or longer than the
+    /// instance's whole KV memory).
+    Rejected(ReqId),
+    /// Instance -> metadata: the longest stored prefix of this chain of tensor ids, skipping
+    /// the first `skip` tensors (the instance already holds them).
+    Lookup(Box<Lookup>),
+    /// Metadata -> instance: where the stored prefix is.
+    LookupReply(ReqId, Box<LoadPlan>),
+    /// Instance -> store server of another node: read these bytes from SSD and send them.
+    ReadSsd {
+        req: ReqId,
+        to: ActorId,
+        bytes: u64,
+        segments: u32,
+    },
+    /// A store server's SSD read for `to` has finished.
+    SsdReadDone { req: ReqId, to: ActorId, bytes: u64 },
+    /// Store server -> instance: one group of a request's load has arrived.
+    Loaded(ReqId),
+    /// Instance -> its node's store server: the KV of these tensors (payload), to store.
+    StoreWrite {
+        chain: Box<Vec<TensorId>>,
+        replica: bool,
+    },
+    /// Store server -> metadata: tensors written on `node` (owned, or replicas).
+    Insert {
+        chain: Box<Vec<TensorId>>,
+        node: u32,
+        replica: bool,
+    },
+    /// Metadata -> store server: write this many demoted bytes to SSD (in the background).
+    Demote { bytes: u64 },
+}
+
+/// A prefix lookup.
+#[derive(Debug)]
+pub struct Lookup {
+    pub req: ReqId,
+    pub from: ActorId,
+    pub node: u32,
+    pub chain: Vec<TensorId>,
+    pub skip: u32,
+}
+
+/// What an instance reports to the router when a request ends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Completion {
+    pub req: ReqId,
+    pub instance: u32,
+    pub admitted_at: Nanos,
+    pub reused: [u32; Tier::ALL.len()],
+    pub loaded_bytes: [u64; Tier::ALL.len()],
+    pub preemptions: u32,
+}
