@@ -125,7 +125,7 @@ fn profile_run(a: &ProfileArgs) -> ExitCode {
             meshsim::model::catalogue::names()
         ));
     };
-    let layers = match meshsim::live::split_layers(config.layers, a.shards) {
+    let layers = match meshsim::model::split_layers(config.layers, a.shards) {
         Ok(l) => l,
         Err(e) => return bad(format!("--shards: {e}")),
     };

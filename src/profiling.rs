@@ -179,7 +179,7 @@ pub fn measure(
     let max_prefill = grid.prefill.iter().copied().max().unwrap_or(1) as usize;
     let max_context = grid.decode.iter().copied().max().unwrap_or(1) as usize;
     let prompt =
-        crate::live::seeded_prompt(PROMPT_SEED, 0, max_prefill.max(max_context), cfg.vocab);
+        crate::workload::seeded_prompt(PROMPT_SEED, 0, max_prefill.max(max_context), cfg.vocab);
 
     // Warm-up: one untimed prefill of the largest prefill point and one decode step after it.
     let warm = pass(&mut shards, device, prompt[..max_prefill].to_vec(), 0, None)?;

@@ -13,7 +13,7 @@ use std::path::Path;
 use candle_core::{DType, Device};
 use meshsim::backend::CandleBackend;
 use meshsim::exec::{TransformerConfig, WeightSource};
-use meshsim::live::split_layers;
+use meshsim::model::split_layers;
 use meshsim::pipeline::run::{live, trace};
 use meshsim::pipeline::scenario::PipelineScenario;
 use meshsim::pipeline::shard::{CacheLimits, DecodeMode, Route, SessionId, Shard};

@@ -7,8 +7,8 @@ use std::process::Command;
 use candle_core::Device;
 use meshsim::backend::{Activation, ModelBackend, SimBackend};
 use meshsim::exec::{TransformerConfig, WeightSource};
-use meshsim::live::split_layers;
 use meshsim::model::profile::{Profile, ProfileError};
+use meshsim::model::split_layers;
 use meshsim::profiling::{Grid, measure};
 
 fn tiny_grid() -> Grid {

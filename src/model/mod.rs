@@ -12,6 +12,8 @@ pub mod profile;
 
 pub use catalogue::{Preset, preset};
 
+use std::ops::Range;
+
 /// The architecture numbers of a decoder-only transformer (Llama/Mistral/Qwen2 family).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
@@ -72,8 +74,33 @@ impl ModelConfig {
     }
 }
 
+/// Splits `layers` into `shards` contiguous ranges, the first ones one layer longer when the
+/// split is uneven.
+pub fn split_layers(layers: usize, shards: usize) -> Result<Vec<Range<usize>>, String> {
+    if shards == 0 || shards > layers {
+        return Err(format!("cannot split {layers} layers into {shards} shards"));
+    }
+    let mut out = Vec::with_capacity(shards);
+    let mut start = 0;
+    for i in 0..shards {
+        let len = layers / shards + usize::from(i < layers % shards);
+        out.push(start..start + len);
+        start += len;
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_split_evenly_with_the_rest_in_front() {
+        assert_eq!(split_layers(8, 2).unwrap(), vec![0..4, 4..8]);
+        assert_eq!(split_layers(8, 3).unwrap(), vec![0..3, 3..6, 6..8]);
+        assert!(split_layers(4, 0).is_err());
+        assert!(split_layers(4, 5).is_err());
+    }
 
     #[test]
     fn mistral_7b_has_128_kib_of_kv_per_token_and_7_24_b_parameters() {

@@ -17,7 +17,7 @@
 //!
 //! The trace: `requests` arrivals of a Poisson process at `arrival_rate_per_s` (ChaCha8 stream
 //! `WORKLOAD_ARRIVALS`; in a closed loop the head sets each arrival when it happens), each with
-//! a prompt of `prompt_tokens` seeded token ids (as [`crate::live::seeded_prompt`]) or one of
+//! a prompt of `prompt_tokens` seeded token ids (as [`crate::workload::seeded_prompt`]) or one of
 //! the scenario's tokenized `prompts`, and `output_tokens` to generate. The same trace is used by
 //! every mode, point and host.
 
@@ -66,7 +66,7 @@ pub fn trace(s: &PipelineScenario) -> Vec<PipelineRequest> {
                 arrival: Nanos::from_secs_f64(t),
                 prompt: match &w.prompts {
                     Some(p) => p[id as usize % p.len()].clone(),
-                    None => crate::live::seeded_prompt(
+                    None => crate::workload::seeded_prompt(
                         s.seed,
                         id,
                         w.prompt_tokens as usize,

@@ -503,7 +503,7 @@ fn validate(
                     ),
                 ));
             }
-            crate::live::split_layers(model.layers, n)
+            crate::model::split_layers(model.layers, n)
                 .map_err(|e| c.err("pipeline.shards", e.to_string()))?
         }
         (None, Some(l)) => {

@@ -130,8 +130,22 @@ impl Trace {
     }
 }
 
+/// `n` seeded token ids below `vocab` for request `id` (ChaCha8 stream `id` of `seed`).
+pub fn seeded_prompt(seed: u64, id: u32, n: usize, vocab: usize) -> Vec<u32> {
+    let mut rng = crate::rng::Stream::new(seed, 0x11fe_0000 + id as u64);
+    (0..n).map(|_| rng.below(vocab as u64) as u32).collect()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn seeded_prompts_are_reproducible_and_in_the_vocabulary() {
+        let a = super::seeded_prompt(1, 0, 64, 4096);
+        assert_eq!(a, super::seeded_prompt(1, 0, 64, 4096));
+        assert_ne!(a, super::seeded_prompt(1, 1, 64, 4096));
+        assert!(a.iter().all(|&t| t < 4096));
+    }
+
     use super::*;
 
     #[test]
