@@ -24,6 +24,7 @@ pub mod hash;
 pub mod live;
 pub mod metrics;
 pub mod model;
+pub mod output;
 pub mod pipeline;
 pub mod plot;
 pub mod profiling;

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
+use meshsim::output;
 use meshsim::pipeline::run as pipeline_run;
 use meshsim::pipeline::scenario::{Arrivals, CostSource, PipelineScenario, mode_name};
 use meshsim::scenario::Scenario;
@@ -145,6 +146,10 @@ fn profile_run(a: &ProfileArgs) -> ExitCode {
     };
     if let Err(e) = grid.check("arguments") {
         return bad(e.to_string());
+    }
+    let replaces = output::Replaces::Header(output::PROFILE_HEADER);
+    if let Err(e) = output::check_out_file(&a.out, replaces) {
+        return refused(e);
     }
     let device = meshsim::exec::default_device();
     let started = Instant::now();
@@ -363,6 +368,10 @@ fn trace_stats(load: &LoadArgs, lru: &[u64], block_size: Option<u32>) -> ExitCod
 }
 
 fn trace_convert(load: &LoadArgs, out: &Path) -> ExitCode {
+    let replaces = output::Replaces::Header(output::TRACE_HEADER);
+    if let Err(e) = output::check_out_file(out, replaces) {
+        return refused(e);
+    }
     let l = match load.load() {
         Ok(l) => l,
         Err(e) => {
@@ -370,10 +379,9 @@ fn trace_convert(load: &LoadArgs, out: &Path) -> ExitCode {
             return ExitCode::from(EXIT_BAD_INPUT);
         }
     };
-    let written = std::fs::File::create(out)
-        .and_then(|f| replay::canonical::write(&l, std::io::BufWriter::new(f)));
+    let written = output::write_file_atomically(out, replaces, |w| replay::canonical::write(&l, w));
     if let Err(e) = written {
-        eprintln!("error: cannot write {}: {e}", out.display());
+        eprintln!("error: {e}");
         return ExitCode::from(EXIT_FAILED);
     }
     println!(
@@ -389,6 +397,12 @@ fn trace_convert(load: &LoadArgs, out: &Path) -> ExitCode {
 const EXIT_BAD_INPUT: u8 = 2;
 /// Exit status for a simulation that broke a limit or an invariant, or for I/O failures.
 const EXIT_FAILED: u8 = 1;
+
+/// An output path that must not be written (see `meshsim::output`), found before any work.
+fn refused(e: output::OutputError) -> ExitCode {
+    eprintln!("error: {e}");
+    ExitCode::from(EXIT_BAD_INPUT)
+}
 
 fn describe(s: &Scenario) {
     let inst = s.serving.instance;
@@ -455,6 +469,10 @@ fn run(
     if let Some(seed) = seed {
         s.set_seed(seed);
     }
+    let dir = out.unwrap_or_else(|| Path::new("results").join(&s.name));
+    if let Err(e) = output::check_out_dir(&dir) {
+        return refused(e);
+    }
     if !quiet {
         describe(&s);
         if !s.points.is_empty() {
@@ -493,7 +511,6 @@ fn run(
             "policy simulated"
         );
     }
-    let dir = out.unwrap_or_else(|| Path::new("results").join(&s.name));
     let written = match meshsim::run::write_results(&s, &runs, &dir) {
         Ok(w) => w,
         Err(e) => {
@@ -542,6 +559,12 @@ fn run(
 }
 
 fn compare(sim: &Path, live: &Path, out: Option<&Path>) -> ExitCode {
+    let replaces = output::Replaces::Header(output::COMPARISON_HEADER);
+    if let Some(path) = out
+        && let Err(e) = output::check_out_file(path, replaces)
+    {
+        return refused(e);
+    }
     let md = match meshsim::pipeline::compare::compare(sim, live) {
         Ok(md) => md,
         Err(e) => {
@@ -551,8 +574,10 @@ fn compare(sim: &Path, live: &Path, out: Option<&Path>) -> ExitCode {
     };
     match out {
         Some(path) => {
-            if let Err(e) = std::fs::write(path, &md) {
-                eprintln!("error: cannot write {}: {e}", path.display());
+            if let Err(e) =
+                output::write_file_atomically(path, replaces, |w| w.write_all(md.as_bytes()))
+            {
+                eprintln!("error: {e}");
                 return ExitCode::from(EXIT_FAILED);
             }
         }
@@ -652,6 +677,15 @@ fn run_pipeline(
     if live_flag {
         s.text = meshsim::pipeline::scenario::with_live_mode(&s.text);
     }
+    let default_name = if live_flag {
+        format!("{}_live", s.name)
+    } else {
+        s.name.clone()
+    };
+    let dir = out.unwrap_or_else(|| Path::new("results").join(default_name));
+    if let Err(e) = output::check_out_dir(&dir) {
+        return refused(e);
+    }
     if !quiet {
         describe_pipeline(&s);
     }
@@ -689,12 +723,6 @@ fn run_pipeline(
             return ExitCode::from(EXIT_FAILED);
         }
     };
-    let default_name = if live_flag {
-        format!("{}_live", s.name)
-    } else {
-        s.name.clone()
-    };
-    let dir = out.unwrap_or_else(|| Path::new("results").join(default_name));
     let written = match pipeline_run::write_results(&s, &runs, &dir) {
         Ok(w) => w,
         Err(e) => {

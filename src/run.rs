@@ -2,9 +2,10 @@
 //!
 //! Policies run in parallel threads (at most one per core); each simulation is a pure function
 //! of the scenario, the seed and the policy, so the results do not depend on the thread count.
-//! Results are written into a temporary folder beside the target and renamed into place at
-//! the end, so a failed run never leaves half-written files. Plots and `report.md` are made
-//! from the CSV files in that temporary folder ([`crate::plot`]) before the rename.
+//! Results are written into a temporary folder beside the target and swapped into place at
+//! the end ([`crate::output`]), so a failed run never leaves half-written files. Plots and
+//! `report.md` are made from the CSV files in that temporary folder ([`crate::plot`]) before
+//! the swap.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -282,49 +283,26 @@ pub fn write_results(s: &Scenario, runs: &[PolicyRun], dir: &Path) -> std::io::R
 
 /// Writes a results folder: `scenario.toml` (`text`), `requests.csv` (`records`: point,
 /// policy and its records), `summary.csv`, then the plots and `report.md` made from those
-/// files. Everything goes into a temporary folder beside `dir` that replaces `dir` at the
-/// end, so a failure leaves no half-written results.
+/// files. Everything goes into a temporary folder beside `dir` that replaces `dir` atomically
+/// at the end ([`crate::output::replace_dir_atomically`]), so a failure or a crash leaves the
+/// old results or the new ones, whole; `dir` must be a results folder meshsim wrote, an empty
+/// folder or a new one.
 pub fn write_results_dir(
     text: &str,
     records: &[(Option<&str>, &str, &[crate::metrics::RequestRecord])],
     summaries: &[Summary],
     dir: &Path,
 ) -> std::io::Result<Written> {
-    let parent = dir
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent)?;
-    let name = dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "results".into());
-    let tmp: PathBuf = parent.join(format!(".{name}.partial-{}", std::process::id()));
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp)?;
-    }
-    std::fs::create_dir_all(&tmp)?;
-    let result = (|| -> std::io::Result<(Duration, Vec<PathBuf>)> {
+    let (plot_time, files) = crate::output::replace_dir_atomically(dir, |tmp| {
         std::fs::write(tmp.join("scenario.toml"), text)?;
         let f = std::io::BufWriter::new(std::fs::File::create(tmp.join("requests.csv"))?);
         write_requests(f, records).map_err(std::io::Error::other)?;
         let f = std::io::BufWriter::new(std::fs::File::create(tmp.join("summary.csv"))?);
         write_summary(f, summaries).map_err(std::io::Error::other)?;
         let started = Instant::now();
-        let files = crate::plot::render(&tmp).map_err(std::io::Error::other)?;
+        let files = crate::plot::render(tmp).map_err(std::io::Error::other)?;
         Ok((started.elapsed(), files))
-    })();
-    let (plot_time, files) = match result {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&tmp);
-            return Err(e);
-        }
-    };
-    if dir.exists() {
-        std::fs::remove_dir_all(dir)?;
-    }
-    std::fs::rename(&tmp, dir)?;
+    })?;
     Ok(Written {
         plot_time,
         plot_files: files

@@ -458,30 +458,17 @@ impl Profile {
     }
 
     /// Writes [`Profile::to_toml`] to `path` atomically (a temporary file in the same folder,
-    /// then a rename).
+    /// then a swap: [`crate::output::write_file_atomically`]); an existing `path` must be a
+    /// profile meshsim wrote.
     pub fn write(&self, path: &Path) -> Result<(), ProfileError> {
-        let file = path.display().to_string();
-        let err = |e: std::io::Error| ProfileError::Write {
-            file: file.clone(),
+        let replaces = crate::output::Replaces::Header(crate::output::PROFILE_HEADER);
+        crate::output::write_file_atomically(path, replaces, |w| {
+            w.write_all(self.to_toml().as_bytes())
+        })
+        .map_err(|e| ProfileError::Write {
+            file: path.display().to_string(),
             message: e.to_string(),
-        };
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        std::fs::create_dir_all(dir).map_err(err)?;
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "profile".into());
-        let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-        let written =
-            std::fs::write(&tmp, self.to_toml()).and_then(|_| std::fs::rename(&tmp, path));
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(err(e));
-        }
-        Ok(())
+        })
     }
 
     /// The profile of the shard that holds exactly `layers`.

@@ -308,18 +308,11 @@ pub fn render_results(results: &Results, dir: &Path) -> Result<Vec<PathBuf>, Plo
 }
 
 fn write_file(path: &Path, bytes: &[u8]) -> Result<(), PlotError> {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.partial-{}", std::process::id()));
-    let err = |source| PlotError::Write {
+    crate::output::write_file_atomically(path, crate::output::Replaces::ResultsFile, |w| {
+        w.write_all(bytes)
+    })
+    .map_err(|e| PlotError::Write {
         path: path.to_path_buf(),
-        source,
-    };
-    std::fs::write(&tmp, bytes).map_err(err)?;
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        err(e)
+        source: e.into(),
     })
 }
