@@ -485,11 +485,11 @@ fn run(
         threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let simulations = s.policies.len() * s.points.len().max(1);
     let spinner = Spinner::start(!quiet, format!("simulating {simulations} runs"));
-    let runs = meshsim::run::simulate_experiment(&s, threads);
+    let runs = meshsim::serving::run::simulate_experiment(&s, threads);
     spinner.stop();
     let runs = match runs {
         Ok(r) => r,
-        Err(meshsim::run::RunError::Trace(e)) => {
+        Err(meshsim::serving::run::RunError::Trace(e)) => {
             eprintln!("error: {e}");
             return ExitCode::from(EXIT_BAD_INPUT);
         }
@@ -511,7 +511,7 @@ fn run(
             "policy simulated"
         );
     }
-    let written = match meshsim::run::write_results(&s, &runs, &dir) {
+    let written = match meshsim::serving::run::write_results(&s, &runs, &dir) {
         Ok(w) => w,
         Err(e) => {
             eprintln!("error: cannot write results to {}: {e}", dir.display());
@@ -565,7 +565,7 @@ fn compare(sim: &Path, live: &Path, out: Option<&Path>) -> ExitCode {
     {
         return refused(e);
     }
-    let md = match meshsim::pipeline::compare::compare(sim, live) {
+    let md = match meshsim::results::compare::compare(sim, live) {
         Ok(md) => md,
         Err(e) => {
             eprintln!("error: {e}");
@@ -810,7 +810,7 @@ impl Spinner {
 
 fn plot(dir: &Path, quiet: bool) -> ExitCode {
     let started = Instant::now();
-    match meshsim::plot::render(dir) {
+    match meshsim::results::plot::render(dir) {
         Ok(files) => {
             if !quiet {
                 println!(

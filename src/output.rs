@@ -338,7 +338,7 @@ fn replaceable_dir(dir: &Path) -> Result<(), String> {
 
 /// The names meshsim writes into a results folder.
 fn results_names() -> Vec<String> {
-    use crate::plot::Figure;
+    use crate::results::plot::Figure;
     let mut v: Vec<String> = [
         MARKER,
         "scenario.toml",

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use meshsim::Scenario;
-use meshsim::run::{simulate_all, trace, write_results};
+use meshsim::serving::run::{simulate_all, trace, write_results};
 
 #[test]
 fn polaris_8gpu_reproduces_its_committed_summary() {

@@ -9,8 +9,8 @@ use std::process::{Command, Output};
 
 use meshsim::metrics::write::{write_requests, write_summary};
 use meshsim::metrics::{Report, RequestRecord, Summary};
-use meshsim::plot::{Figure, Results, output_files};
-use meshsim::run::write_results;
+use meshsim::results::plot::{Figure, Results, output_files};
+use meshsim::serving::run::write_results;
 use meshsim::units::Nanos;
 
 /// Runs the small scenario and writes its results (CSV, plots, report) into `<tmp>/out`.
@@ -263,7 +263,7 @@ fn missing_or_ragged_csv_files_are_bad_input() {
 
 #[test]
 fn figures_draw_when_no_request_completed() {
-    let row = meshsim::plot::SummaryRow {
+    let row = meshsim::results::plot::SummaryRow {
         policy: "vanilla".into(),
         point: None,
         requests: 3,
@@ -280,7 +280,7 @@ fn figures_draw_when_no_request_completed() {
     };
     let r = Results {
         summary: vec![row],
-        latencies: vec![meshsim::plot::Latencies {
+        latencies: vec![meshsim::results::plot::Latencies {
             policy: "vanilla".into(),
             ttft_ms: vec![],
             tpot_ms: vec![],
@@ -292,7 +292,7 @@ fn figures_draw_when_no_request_completed() {
         assert!(f.png(&r).is_ok(), "{}", f.stem());
         assert!(f.svg(&r).is_ok(), "{}", f.stem());
     }
-    let report = meshsim::plot::report_markdown(&r);
+    let report = meshsim::results::plot::report_markdown(&r);
     assert!(
         report.contains("No policy completed any request."),
         "{report}"
@@ -371,7 +371,7 @@ fn pipeline_results_get_tps_against_output_length() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("pipe");
     pipeline_results(&dir, Some(PIPELINE_SCENARIO));
-    let written = meshsim::plot::render(&dir).unwrap();
+    let written = meshsim::results::plot::render(&dir).unwrap();
     let names: Vec<String> = written
         .iter()
         .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
@@ -438,7 +438,7 @@ fn other_results_get_no_tps_figure() {
     ] {
         let dir = tmp.path().join(name);
         pipeline_results(&dir, scenario);
-        let written = meshsim::plot::render(&dir).unwrap();
+        let written = meshsim::results::plot::render(&dir).unwrap();
         assert_eq!(written.len(), 2 * Figure::ALL.len() + 1, "{name}");
         assert!(!output_files(&dir).iter().any(|f| f.contains("tps_output")));
         assert!(!dir.join("tps_output.png").exists(), "{name}");
@@ -465,7 +465,7 @@ fn one_policy_gets_the_figure_without_a_comparison() {
             .collect();
         std::fs::write(dir.join(file), kept).unwrap();
     }
-    meshsim::plot::render(&dir).unwrap();
+    meshsim::results::plot::render(&dir).unwrap();
     assert!(dir.join("tps_output.svg").exists());
     let report = String::from_utf8(read(&dir, "report.md")).unwrap();
     assert!(!report.contains("tokens/s per request against"), "{report}");

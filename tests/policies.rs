@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use meshsim::PolicyKind;
 use meshsim::metrics::RequestRecord;
-use meshsim::run::{simulate, trace};
+use meshsim::serving::run::{simulate, trace};
 use meshsim::workload::qa::{ContextMode, Order};
 use meshsim::workload::{Request, Trace, WorkloadSpec};
 

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use meshsim::Scenario;
-use meshsim::run::{simulate_all, trace};
+use meshsim::serving::run::{simulate_all, trace};
 use meshsim::workload::TraceError;
 use meshsim::workload::replay::{self, Loaded, ReplaySpec, Source};
 use meshsim::workload::stats::TraceStats;

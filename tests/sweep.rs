@@ -4,7 +4,7 @@
 mod common;
 
 use meshsim::Scenario;
-use meshsim::run::{simulate_experiment, write_results};
+use meshsim::serving::run::{simulate_experiment, write_results};
 
 fn swept(sweep: &str) -> Result<Scenario, meshsim::ScenarioError> {
     let text = std::fs::read_to_string(common::data("small.toml")).unwrap();

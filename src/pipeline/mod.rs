@@ -34,7 +34,6 @@
 //! request has generated a given number of tokens; the shard drops every session state (a
 //! restarted process with its weights still loaded), and the next decode step misses.
 
-pub mod compare;
 mod head;
 pub mod msg;
 pub mod run;

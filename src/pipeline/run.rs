@@ -36,8 +36,8 @@ use crate::hardware::Place;
 use crate::hardware::network::Network;
 use crate::live::LiveError;
 use crate::metrics::{Report, RequestRecord, Summary};
+use crate::results::Written;
 use crate::rng::{Stream, streams};
-use crate::run::Written;
 use crate::sim::host::SimHost;
 use crate::sim::kernel::SimError;
 use crate::units::Nanos;
@@ -171,7 +171,7 @@ pub fn simulate_all(s: &PipelineScenario, threads: usize) -> Result<Vec<Pipeline
         .into_iter()
         .flat_map(|(label, p)| p.modes.iter().map(move |&m| (label, p, m)))
         .collect();
-    crate::run::parallel_map(&jobs, threads, |&(label, p, mode)| {
+    crate::sim::parallel_map(&jobs, threads, |&(label, p, mode)| {
         simulate(p, mode).map(|mut r| {
             r.summary.point = label.map(str::to_string);
             r
@@ -214,7 +214,7 @@ pub async fn live_all(s: &PipelineScenario) -> Result<Vec<PipelineRun>, LiveErro
     Ok(runs)
 }
 
-/// Writes the results folder of `runs` of `s` (see [`crate::run::write_results_dir`]).
+/// Writes the results folder of `runs` of `s` (see [`crate::results::write_results_dir`]).
 pub fn write_results(
     s: &PipelineScenario,
     runs: &[PipelineRun],
@@ -231,5 +231,5 @@ pub fn write_results(
         })
         .collect();
     let summaries: Vec<Summary> = runs.iter().map(|r| r.summary.clone()).collect();
-    crate::run::write_results_dir(&s.text, &records, &summaries, dir)
+    crate::results::write_results_dir(&s.text, &records, &summaries, dir)
 }

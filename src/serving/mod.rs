@@ -10,6 +10,7 @@ pub mod instance;
 pub mod msg;
 pub mod policy;
 pub mod router;
+pub mod run;
 pub mod store;
 
 pub use msg::Msg;

@@ -2,3 +2,6 @@
 
 pub mod host;
 pub mod kernel;
+mod parallel;
+
+pub use parallel::parallel_map;

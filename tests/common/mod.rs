@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use meshsim::Scenario;
-use meshsim::run::{PolicyRun, simulate_all, trace, write_results};
+use meshsim::serving::run::{PolicyRun, simulate_all, trace, write_results};
 
 pub fn data(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

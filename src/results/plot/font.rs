@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use plotters::style::FontStyle;
 
 /// DejaVu Sans 2.37 (Bitstream Vera licence; see `assets/fonts/LICENSE-DejaVu.txt`).
-static DEJAVU_SANS: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
+static DEJAVU_SANS: &[u8] = include_bytes!("../../../assets/fonts/DejaVuSans.ttf");
 
 /// The family name charts ask for; registered for every style (bold falls back to normal).
 pub(crate) const FAMILY: &str = "sans-serif";

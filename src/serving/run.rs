@@ -1,13 +1,14 @@
-//! Running a scenario: generate its trace once, simulate every policy on it, write results.
+//! Running a serving scenario: generate its trace once, simulate every policy on it (at every
+//! sweep point), write results.
 //!
 //! Policies run in parallel threads (at most one per core); each simulation is a pure function
 //! of the scenario, the seed and the policy, so the results do not depend on the thread count.
 //! Results are written into a temporary folder beside the target and swapped into place at
 //! the end ([`crate::output`]), so a failed run never leaves half-written files. Plots and
-//! `report.md` are made from the CSV files in that temporary folder ([`crate::plot`]) before
+//! `report.md` are made from the CSV files in that temporary folder ([`crate::results::plot`]) before
 //! the swap.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,7 +16,6 @@ use crate::actor::ActorId;
 use crate::backend::SimBatchBackend;
 use crate::hardware::Place;
 use crate::hardware::network::{LinkBytes, Network};
-use crate::metrics::write::{write_requests, write_summary};
 use crate::metrics::{Report, Summary};
 use crate::model::cost::BatchShape;
 use crate::scenario::Scenario;
@@ -175,48 +175,13 @@ type Job<'a> = (Option<&'a str>, &'a Scenario, Arc<Trace>, PolicyKind);
 
 /// Runs `jobs` on up to `threads` threads; results come back in job order.
 fn run_jobs(jobs: &[Job], threads: usize) -> Vec<Result<PolicyRun, SimError>> {
-    parallel_map(jobs, threads, |(label, sc, t, p)| {
+    crate::sim::parallel_map(jobs, threads, |(label, sc, t, p)| {
         let mut r = simulate(sc, t.clone(), *p);
         if let Ok(run) = &mut r {
             run.summary.point = label.map(str::to_string);
         }
         r
     })
-}
-
-/// `f` of every job, computed on up to `threads` scoped threads that take jobs in order;
-/// the results come back in job order, so they do not depend on the thread count.
-pub fn parallel_map<J: Sync, R: Send>(
-    jobs: &[J],
-    threads: usize,
-    f: impl Fn(&J) -> R + Sync,
-) -> Vec<R> {
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let slots: Vec<std::sync::Mutex<Option<R>>> =
-        jobs.iter().map(|_| std::sync::Mutex::new(None)).collect();
-    std::thread::scope(|scope| {
-        for _ in 0..threads.clamp(1, jobs.len().max(1)) {
-            scope.spawn(|| {
-                // Bounded: each round takes a job index; indices past the end stop the loop.
-                loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(job) = jobs.get(i) else {
-                        break;
-                    };
-                    let r = f(job);
-                    *slots[i].lock().expect("no panics while holding the lock") = Some(r);
-                }
-            });
-        }
-    });
-    slots
-        .into_iter()
-        .map(|m| {
-            m.into_inner()
-                .expect("no panics while holding the lock")
-                .expect("every job ran")
-        })
-        .collect()
 }
 
 /// Why an experiment did not run to the end.
@@ -255,18 +220,13 @@ pub fn simulate_experiment(s: &Scenario, threads: usize) -> Result<Vec<PolicyRun
         .collect()
 }
 
-/// What [`write_results`] did, for the console (wall-clock figures are never in result files).
-#[derive(Clone, Debug)]
-pub struct Written {
-    /// Wall-clock time spent drawing the plots and writing `report.md`.
-    pub plot_time: Duration,
-    /// The plot and report files, in the results folder.
-    pub plot_files: Vec<PathBuf>,
-}
-
 /// Writes `requests.csv`, `summary.csv` and `scenario.toml` into `dir`, replacing it whole,
 /// then the plots and `report.md` made from those files.
-pub fn write_results(s: &Scenario, runs: &[PolicyRun], dir: &Path) -> std::io::Result<Written> {
+pub fn write_results(
+    s: &Scenario,
+    runs: &[PolicyRun],
+    dir: &Path,
+) -> std::io::Result<crate::results::Written> {
     let records: Vec<(Option<&str>, &str, &[crate::metrics::RequestRecord])> = runs
         .iter()
         .map(|r| {
@@ -278,37 +238,5 @@ pub fn write_results(s: &Scenario, runs: &[PolicyRun], dir: &Path) -> std::io::R
         })
         .collect();
     let summaries: Vec<Summary> = runs.iter().map(|r| r.summary.clone()).collect();
-    write_results_dir(&s.text, &records, &summaries, dir)
-}
-
-/// Writes a results folder: `scenario.toml` (`text`), `requests.csv` (`records`: point,
-/// policy and its records), `summary.csv`, then the plots and `report.md` made from those
-/// files. Everything goes into a temporary folder beside `dir` that replaces `dir` atomically
-/// at the end ([`crate::output::replace_dir_atomically`]), so a failure or a crash leaves the
-/// old results or the new ones, whole; `dir` must be a results folder meshsim wrote, an empty
-/// folder or a new one.
-pub fn write_results_dir(
-    text: &str,
-    records: &[(Option<&str>, &str, &[crate::metrics::RequestRecord])],
-    summaries: &[Summary],
-    dir: &Path,
-) -> std::io::Result<Written> {
-    let (plot_time, files) = crate::output::replace_dir_atomically(dir, |tmp| {
-        std::fs::write(tmp.join("scenario.toml"), text)?;
-        let f = std::io::BufWriter::new(std::fs::File::create(tmp.join("requests.csv"))?);
-        write_requests(f, records).map_err(std::io::Error::other)?;
-        let f = std::io::BufWriter::new(std::fs::File::create(tmp.join("summary.csv"))?);
-        write_summary(f, summaries).map_err(std::io::Error::other)?;
-        let started = Instant::now();
-        let files = crate::plot::render(tmp).map_err(std::io::Error::other)?;
-        Ok((started.elapsed(), files))
-    })?;
-    Ok(Written {
-        plot_time,
-        plot_files: files
-            .iter()
-            .filter_map(|f| f.file_name())
-            .map(|f| dir.join(f))
-            .collect(),
-    })
+    crate::results::write_results_dir(&s.text, &records, &summaries, dir)
 }

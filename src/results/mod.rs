@@ -1,0 +1,57 @@
+//! Results folders and the tools that read them back (DESIGN, "Results layout").
+//!
+//! [`write_results_dir`] writes the folder of a run of either system: `scenario.toml`,
+//! `requests.csv`, `summary.csv` (the schema of [`crate::metrics::write`]), then the plots and
+//! `report.md` that [`plot`] makes from those files, replacing the folder atomically
+//! ([`crate::output`]). [`compare`] reads a simulated and a live folder of one pipeline
+//! scenario and reports how far the simulation is from the live run.
+
+pub mod compare;
+pub mod plot;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::metrics::write::{write_requests, write_summary};
+use crate::metrics::{RequestRecord, Summary};
+
+/// What [`write_results`] did, for the console (wall-clock figures are never in result files).
+#[derive(Clone, Debug)]
+pub struct Written {
+    /// Wall-clock time spent drawing the plots and writing `report.md`.
+    pub plot_time: Duration,
+    /// The plot and report files, in the results folder.
+    pub plot_files: Vec<PathBuf>,
+}
+
+/// Writes a results folder: `scenario.toml` (`text`), `requests.csv` (`records`: point,
+/// policy and its records), `summary.csv`, then the plots and `report.md` made from those
+/// files. Everything goes into a temporary folder beside `dir` that replaces `dir` atomically
+/// at the end ([`crate::output::replace_dir_atomically`]), so a failure or a crash leaves the
+/// old results or the new ones, whole; `dir` must be a results folder meshsim wrote, an empty
+/// folder or a new one.
+pub fn write_results_dir(
+    text: &str,
+    records: &[(Option<&str>, &str, &[RequestRecord])],
+    summaries: &[Summary],
+    dir: &Path,
+) -> std::io::Result<Written> {
+    let (plot_time, files) = crate::output::replace_dir_atomically(dir, |tmp| {
+        std::fs::write(tmp.join("scenario.toml"), text)?;
+        let f = std::io::BufWriter::new(std::fs::File::create(tmp.join("requests.csv"))?);
+        write_requests(f, records).map_err(std::io::Error::other)?;
+        let f = std::io::BufWriter::new(std::fs::File::create(tmp.join("summary.csv"))?);
+        write_summary(f, summaries).map_err(std::io::Error::other)?;
+        let started = Instant::now();
+        let files = plot::render(tmp).map_err(std::io::Error::other)?;
+        Ok((started.elapsed(), files))
+    })?;
+    Ok(Written {
+        plot_time,
+        plot_files: files
+            .iter()
+            .filter_map(|f| f.file_name())
+            .map(|f| dir.join(f))
+            .collect(),
+    })
+}
