@@ -44,6 +44,7 @@ pub use data::{
     Latencies, MAX_TPS_LENGTHS, Results, SummaryRow, TpsPoint, TpsSeries, is_pipeline,
     median_tps_by_length,
 };
+pub(crate) use data::{UTF8_BOM, record_line};
 pub use report::report_markdown;
 
 /// Why plots or the report could not be made.
