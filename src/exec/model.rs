@@ -140,15 +140,19 @@ impl TransformerConfig {
 
     /// The architecture as a [`ModelConfig`] with `bytes_per_element` (4 for f32), so that a
     /// simulated backend can stand in for this configuration. `ModelConfig::name` is static:
-    /// the known presets keep their names, anything else is called `"custom"`.
+    /// the known presets keep their names (and context limits), anything else is called
+    /// `"custom"`.
     pub fn model_config(&self, bytes_per_element: u64) -> ModelConfig {
-        let name = match self.name.as_str() {
-            "tiny" => "tiny",
-            "tiny-qwen" => "tiny-qwen",
-            "small" => "small",
-            "mistral-7b-instruct-v0.2" => "mistral-7b-instruct-v0.2",
-            "qwen2.5-0.5b" => "qwen2.5-0.5b",
-            _ => "custom",
+        let (name, max_context) = match self.name.as_str() {
+            "tiny" => ("tiny", ModelConfig::UNBOUNDED_CONTEXT),
+            "tiny-qwen" => ("tiny-qwen", ModelConfig::UNBOUNDED_CONTEXT),
+            "small" => ("small", ModelConfig::UNBOUNDED_CONTEXT),
+            "mistral-7b-instruct-v0.2" => (
+                "mistral-7b-instruct-v0.2",
+                ModelConfig::mistral_7b_instruct_v0_2().max_context,
+            ),
+            "qwen2.5-0.5b" => ("qwen2.5-0.5b", ModelConfig::qwen2_5_0_5b().max_context),
+            _ => ("custom", ModelConfig::UNBOUNDED_CONTEXT),
         };
         ModelConfig {
             name,
@@ -162,6 +166,7 @@ impl TransformerConfig {
             bytes_per_element,
             tied_embeddings: self.tied_embeddings,
             qkv_bias: self.qkv_bias,
+            max_context,
         }
     }
 

@@ -23,12 +23,16 @@ pub struct ModelConfig {
     pub tied_embeddings: bool,
     /// Q, K and V projections carry a bias (Qwen2).
     pub qkv_bias: bool,
+    /// The longest sequence the model takes, in tokens (`max_position_embeddings`): a longer
+    /// prompt is refused, as a serving engine refuses it.
+    pub max_context: u64,
 }
 
 impl ModelConfig {
     /// Mistral-7B-Instruct-v0.2, from its Hugging Face `config.json`: 32 layers, hidden 4096,
     /// intermediate 14336, 32 attention heads, 8 KV heads, head dim 128, vocab 32000, bf16/fp16,
-    /// untied LM head. 7.24 B parameters; 128 KiB of KV per token.
+    /// untied LM head, `max_position_embeddings` 32768. 7.24 B parameters; 128 KiB of KV per
+    /// token.
     pub fn mistral_7b_instruct_v0_2() -> ModelConfig {
         ModelConfig {
             name: "mistral-7b-instruct-v0.2",
@@ -42,12 +46,14 @@ impl ModelConfig {
             bytes_per_element: 2,
             tied_embeddings: false,
             qkv_bias: false,
+            max_context: 32768,
         }
     }
 
     /// Qwen2.5-0.5B(-Instruct), from its Hugging Face `config.json`: 24 layers, hidden 896,
     /// intermediate 4864, 14 heads, 2 KV heads, head dim 64, vocab 151936, bf16, tied
-    /// embeddings, QKV bias. 0.49 B parameters; 12 KiB of KV per token.
+    /// embeddings, QKV bias, `max_position_embeddings` 32768. 0.49 B parameters; 12 KiB of KV
+    /// per token.
     pub fn qwen2_5_0_5b() -> ModelConfig {
         ModelConfig {
             name: "qwen2.5-0.5b",
@@ -61,10 +67,16 @@ impl ModelConfig {
             bytes_per_element: 2,
             tied_embeddings: true,
             qkv_bias: true,
+            max_context: 32768,
         }
     }
 
-    /// A tiny model for tests: 4 layers, hidden 256, 4 heads, 2 KV heads, vocab 1024.
+    /// The context of models without a limit of their own (test models: rotary positions
+    /// extend to any length).
+    pub const UNBOUNDED_CONTEXT: u64 = u64::MAX;
+
+    /// A tiny model for tests: 4 layers, hidden 256, 4 heads, 2 KV heads, vocab 1024, no
+    /// context limit.
     pub fn tiny() -> ModelConfig {
         ModelConfig {
             name: "tiny",
@@ -78,6 +90,7 @@ impl ModelConfig {
             bytes_per_element: 2,
             tied_embeddings: false,
             qkv_bias: false,
+            max_context: Self::UNBOUNDED_CONTEXT,
         }
     }
 
