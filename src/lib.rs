@@ -32,6 +32,7 @@ pub mod rng;
 pub mod scenario;
 pub mod serving;
 pub mod sim;
+pub mod text;
 pub mod units;
 pub mod workload;
 

@@ -507,7 +507,13 @@ fn a_scenario_replaying_each_file_runs_under_every_policy() {
     ];
     let dir = tempfile::tempdir().unwrap();
     for (i, w) in cases.iter().enumerate() {
-        let s = Scenario::parse("replay.toml", "replay", &scenario_with(w))
+        let mut text = scenario_with(w);
+        if w.contains("mooncake") {
+            // Mooncake's traces reach 128k-token prompts; Mistral-7B takes 32k and refuses
+            // them, so they replay on the test model, which has no context limit.
+            text = text.replace("preset = \"mistral-7b-instruct-v0.2\"", "preset = \"tiny\"");
+        }
+        let s = Scenario::parse("replay.toml", "replay", &text)
             .unwrap_or_else(|e| panic!("case {i}: {e}"));
         let t = Arc::new(trace(&s).unwrap_or_else(|e| panic!("case {i}: {e}")));
         assert!(!t.requests.is_empty());
@@ -531,15 +537,14 @@ fn a_scenario_replaying_each_file_runs_under_every_policy() {
                 r.summary.policy
             );
         }
-        let sc = Scenario::parse(
-            "replay.toml",
-            "replay",
-            &scenario_with(&format!(
-                "source = \"canonical\"\npath = \"{}\"",
-                c.display()
-            )),
-        )
-        .unwrap();
+        let canonical = scenario_with(&format!(
+            "source = \"canonical\"\npath = \"{}\"",
+            c.display()
+        ));
+        let model =
+            |t: &str| t[t.find("[model]").unwrap()..t.find("[serving]").unwrap()].to_string();
+        let canonical = canonical.replace(&model(&canonical), &model(&text));
+        let sc = Scenario::parse("replay.toml", "replay", &canonical).unwrap();
         let runs_c = simulate_all(&sc, Arc::new(trace(&sc).unwrap()), 1).unwrap();
         for (a, b) in runs.iter().zip(&runs_c) {
             assert_eq!(a.summary, b.summary, "case {i}: canonical replay differs");

@@ -102,9 +102,13 @@ impl TransformerConfig {
 
     /// The architecture as a [`ModelConfig`] with `bytes_per_element` (4 for f32), so that a
     /// simulated backend can stand in for this configuration. `ModelConfig::name` is static:
-    /// the known presets keep their names, anything else is called `"custom"`.
+    /// the known presets keep their names (and context limits), anything else is called
+    /// `"custom"`.
     pub fn model_config(&self, bytes_per_element: u64) -> ModelConfig {
-        let name = crate::model::preset(&self.name).map_or("custom", |p| p.name());
+        let (name, max_context) = crate::model::preset(&self.name)
+            .map_or(("custom", ModelConfig::UNBOUNDED_CONTEXT), |p| {
+                (p.name(), p.model.max_context)
+            });
         ModelConfig {
             name,
             layers: self.layers as u64,
@@ -117,6 +121,7 @@ impl TransformerConfig {
             bytes_per_element,
             tied_embeddings: self.tied_embeddings,
             qkv_bias: self.qkv_bias,
+            max_context,
         }
     }
 

@@ -39,11 +39,12 @@ pub const MISTRAL_7B_V0_2: Preset = Preset {
         bytes_per_element: 2,
         tied_embeddings: false,
         qkv_bias: false,
+        max_context: 32768,
     },
     rope_theta: 1e6,
     rms_eps: 1e-5,
-    source: "Hugging Face mistralai/Mistral-7B-Instruct-v0.2 config.json (v0.2 has no sliding \
-             window, so full causal attention is right)",
+    source: "Hugging Face mistralai/Mistral-7B-Instruct-v0.2 config.json (max_position_embeddings \
+             32768; v0.2 has no sliding window, so full causal attention is right)",
 };
 
 /// Qwen2.5-0.5B(-Instruct): 0.49 B parameters; 12 KiB of KV per token.
@@ -60,10 +61,11 @@ pub const QWEN2_5_0_5B: Preset = Preset {
         bytes_per_element: 2,
         tied_embeddings: true,
         qkv_bias: true,
+        max_context: 32768,
     },
     rope_theta: 1e6,
     rms_eps: 1e-6,
-    source: "Hugging Face Qwen/Qwen2.5-0.5B-Instruct config.json",
+    source: "Hugging Face Qwen/Qwen2.5-0.5B-Instruct config.json (max_position_embeddings 32768)",
 };
 
 /// A tiny model for tests: 4 layers, hidden 256, 4 heads, 2 KV heads, vocab 1024.
@@ -80,6 +82,7 @@ pub const TINY: Preset = Preset {
         bytes_per_element: 2,
         tied_embeddings: false,
         qkv_bias: false,
+        max_context: ModelConfig::UNBOUNDED_CONTEXT,
     },
     rope_theta: 10_000.0,
     rms_eps: 1e-5,
@@ -114,6 +117,7 @@ pub const SMALL: Preset = Preset {
         bytes_per_element: 2,
         tied_embeddings: false,
         qkv_bias: false,
+        max_context: ModelConfig::UNBOUNDED_CONTEXT,
     },
     rope_theta: 10_000.0,
     rms_eps: 1e-5,

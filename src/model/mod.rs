@@ -30,9 +30,16 @@ pub struct ModelConfig {
     pub tied_embeddings: bool,
     /// Q, K and V projections carry a bias (Qwen2).
     pub qkv_bias: bool,
+    /// The longest sequence the model takes, in tokens (`max_position_embeddings`): a longer
+    /// prompt is refused, as a serving engine refuses it.
+    pub max_context: u64,
 }
 
 impl ModelConfig {
+    /// The context of models without a limit of their own (test models: rotary positions
+    /// extend to any length).
+    pub const UNBOUNDED_CONTEXT: u64 = u64::MAX;
+
     /// Parameters of one transformer block: attention projections (Q, K, V, O, and the QKV
     /// bias if any), the SwiGLU MLP (gate, up, down) and two RMSNorm weight vectors.
     pub fn params_per_layer(&self) -> u64 {

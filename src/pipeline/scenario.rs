@@ -352,12 +352,13 @@ impl PipelineScenario {
             message: format!("cannot read: {e}"),
             line_col: None,
         })?;
+        let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
         let stem = path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "pipeline".into());
         let dir = path.parent().unwrap_or(Path::new("")).to_path_buf();
-        PipelineScenario::parse(&file, &stem, &dir, &text)
+        PipelineScenario::parse(&file, &stem, &dir, text)
     }
 
     /// Parses and validates `text`; `dir` resolves relative paths.
@@ -374,11 +375,14 @@ impl PipelineScenario {
             s.check_live(file)?;
         }
         if let Some(sweep) = sweep {
-            for (label, point_text) in sweep_texts(file, text, &sweep)? {
-                let f = format!("{file} (sweep point {label})");
-                let mut scenario = PipelineScenario::parse(&f, &s.name, dir, &point_text)?;
+            for p in sweep_texts(file, text, &sweep)? {
+                let mut scenario = PipelineScenario::parse(file, &s.name, dir, &p.text)
+                    .map_err(|e| p.locate(file, e))?;
                 scenario.name = s.name.clone();
-                s.points.push(PipelinePoint { label, scenario });
+                s.points.push(PipelinePoint {
+                    label: p.label,
+                    scenario,
+                });
             }
             if s.points.iter().any(|p| p.scenario.live != s.live) {
                 return Err(Check { file }.err("sweep", "a sweep cannot change `mode`"));

@@ -17,6 +17,8 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::metrics::nearest_rank;
+use crate::results::plot::PlotError;
+use crate::text::record_line;
 
 /// Why two results folders cannot be compared.
 #[derive(Debug, thiserror::Error)]
@@ -29,9 +31,12 @@ pub enum CompareError {
     #[error("{}: line {line}: {msg}", path.display())]
     Bad {
         path: PathBuf,
-        line: usize,
+        line: u64,
         msg: String,
     },
+    /// A file of a results folder holds what `meshsim plot` refuses.
+    #[error(transparent)]
+    Results(#[from] PlotError),
     #[error("no request completed in both runs")]
     Nothing,
 }
@@ -44,24 +49,30 @@ struct Times {
 
 type Key = (String, String, u32);
 
+/// Reads `dir/requests.csv` (completed requests' times), after checking the whole folder as
+/// `meshsim plot` does: no infinite, negative or impossible value gets into a comparison.
 fn load(dir: &Path) -> Result<Vec<(Key, Times)>, CompareError> {
     let path = dir.join("requests.csv");
-    let file = std::fs::File::open(&path).map_err(|source| CompareError::Read {
+    let mut bytes = std::fs::read(&path).map_err(|source| CompareError::Read {
         path: path.clone(),
         source,
     })?;
-    let bad = |line: usize, msg: String| CompareError::Bad {
+    if bytes.starts_with(crate::text::UTF8_BOM) {
+        bytes.drain(..crate::text::UTF8_BOM.len());
+    }
+    let bad = |line: u64, msg: String| CompareError::Bad {
         path: path.clone(),
         line,
         msg,
     };
+    let line_of = |pos: Option<&csv::Position>| pos.map_or(1, |p| record_line(&bytes, p));
     // The writer quotes fields that hold commas (sweep labels such as `layers=[[0, 2], ...]`).
     let mut rd = csv::ReaderBuilder::new()
         .has_headers(true)
-        .from_reader(file);
+        .from_reader(&bytes[..]);
     let header = rd
         .headers()
-        .map_err(|e| bad(1, format!("not CSV: {e}")))?
+        .map_err(|e| bad(line_of(e.position()), format!("not CSV: {e}")))?
         .clone();
     let col = |name: &str| header.iter().position(|h| h == name);
     let need = |name: &str| col(name).ok_or_else(|| bad(1, format!("no `{name}` column")));
@@ -74,9 +85,12 @@ fn load(dir: &Path) -> Result<Vec<(Key, Times)>, CompareError> {
     );
     let point = col("point");
     let mut out = Vec::new();
-    for (i, row) in rd.records().enumerate() {
-        let n = i + 2;
-        let f = row.map_err(|e| bad(n, format!("not CSV: {e}")))?;
+    let mut f = csv::StringRecord::new();
+    while rd
+        .read_record(&mut f)
+        .map_err(|e| bad(line_of(e.position()), format!("not CSV: {e}")))?
+    {
+        let n = line_of(f.position());
         let field = |c: usize| f.get(c).unwrap_or("");
         if field(status) != "ok" {
             continue;
@@ -85,11 +99,26 @@ fn load(dir: &Path) -> Result<Vec<(Key, Times)>, CompareError> {
             field(c)
                 .parse::<u64>()
                 .map(|v| v as f64 / 1e6)
-                .map_err(|_| bad(n, format!("`{}` is not a whole number of ns", field(c))))
+                .map_err(|_| {
+                    bad(
+                        n,
+                        format!(
+                            "column `{}`: expected a whole number of nanoseconds, found `{}`",
+                            &header[c],
+                            field(c)
+                        ),
+                    )
+                })
         };
-        let id: u32 = field(request)
-            .parse()
-            .map_err(|_| bad(n, format!("bad request id `{}`", field(request))))?;
+        let id: u32 = field(request).parse().map_err(|_| {
+            bad(
+                n,
+                format!(
+                    "column `request`: expected a request id, found `{}`",
+                    field(request)
+                ),
+            )
+        })?;
         let t = Times {
             ttft: num(ttft)?,
             tpot: if field(tpot).is_empty() {
@@ -101,6 +130,7 @@ fn load(dir: &Path) -> Result<Vec<(Key, Times)>, CompareError> {
         let p = point.map(|c| field(c).to_string()).unwrap_or_default();
         out.push(((p, field(policy).to_string(), id), t));
     }
+    crate::results::plot::Results::load(dir)?;
     Ok(out)
 }
 

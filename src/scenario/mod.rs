@@ -8,7 +8,9 @@
 
 pub(crate) mod raw;
 
+use std::collections::BTreeMap;
 use std::fmt;
+use std::ops::Range;
 use std::path::Path;
 
 use crate::hardware::{GpuSpec, HardwareSpec, HostSpec, LinkSpec, NetworkSpec, Place, SsdSpec};
@@ -91,6 +93,9 @@ pub const MAX_SWEEP_AXES: usize = 2;
 /// Most points one sweep may have.
 pub const MAX_SWEEP_POINTS: usize = 256;
 
+/// Longest scenario name: it names the results folder, and file names have at most 255 bytes.
+pub const MAX_NAME_BYTES: usize = 200;
+
 /// Largest number of requests a scenario may ask for.
 pub const MAX_REQUESTS: u32 = 10_000_000;
 /// Largest number of tokens of a context window or an output.
@@ -118,7 +123,9 @@ impl Check<'_> {
         }
     }
 
-    /// The scenario's name (or `default_name`): it names the results folder.
+    /// The scenario's name (or `default_name`): it names the results folder, so it must be a
+    /// file name on every system, with room for the suffixes meshsim adds (`_live`, and the
+    /// `.partial-<pid>` of the folder being written).
     pub(crate) fn name(
         &self,
         name: Option<String>,
@@ -136,6 +143,16 @@ impl Check<'_> {
                 format!(
                     "expected letters, digits, '-', '_' or '.' (it names the results folder), \
                      found {name:?}"
+                ),
+            ));
+        }
+        if name.len() > MAX_NAME_BYTES {
+            return Err(self.err(
+                "name",
+                format!(
+                    "expected at most {MAX_NAME_BYTES} characters (it names the results folder), \
+                     found {} characters",
+                    name.len()
                 ),
             ));
         }
@@ -212,11 +229,12 @@ impl Scenario {
             message: format!("not valid UTF-8 (byte {})", e.utf8_error().valid_up_to()),
             line_col: None,
         })?;
+        let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
         let stem = path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "scenario".into());
-        Scenario::parse(&file, &stem, &text)
+        Scenario::parse(&file, &stem, text)
     }
 
     /// Parses and validates scenario `text`; `file` names it in errors and `default_name`
@@ -489,6 +507,20 @@ fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenar
     };
 
     let workload = workload(&c, file, &r.workload)?;
+    if let WorkloadSpec::Generated(w) = &workload
+        && u64::from(w.max_prompt_tokens()) > model.max_context
+    {
+        return Err(c.err(
+            "workload.context_tokens",
+            format!(
+                "prompts of up to {} tokens (system prompt, context and question) do not fit in \
+                 the context of {} ({} tokens)",
+                w.max_prompt_tokens(),
+                model.name,
+                model.max_context
+            ),
+        ));
+    }
     if model.vocab < 4 {
         return Err(c.err("model.preset", "vocabulary too small to generate prompts"));
     }
@@ -536,22 +568,110 @@ fn sweep_points(
 ) -> Result<Vec<SweepPoint>, ScenarioError> {
     sweep_texts(file, text, sweep)?
         .into_iter()
-        .map(|(label, point_text)| {
-            let scenario =
-                Scenario::parse(&format!("{file} (sweep point {label})"), name, &point_text)?;
-            Ok(SweepPoint { label, scenario })
+        .map(|p| {
+            let scenario = Scenario::parse(file, name, &p.text).map_err(|e| p.locate(file, e))?;
+            Ok(SweepPoint {
+                label: p.label,
+                scenario,
+            })
         })
         .collect()
 }
 
-/// The points of a `[sweep]` table as `(label, scenario text)`: every combination of the
-/// listed values (the first key varies slowest) applied to the file's other keys, with the
-/// `[sweep]` table removed. Any kind of scenario validates the texts itself.
+/// One point of a `[sweep]`: its label, its scenario text and its swept values.
+pub(crate) struct SweepText {
+    /// `key=value` for each swept key (last path segment), space-separated.
+    pub(crate) label: String,
+    /// The scenario of the point, without the `[sweep]` table.
+    pub(crate) text: String,
+    /// The point's value of each swept key.
+    values: Vec<SweptValue>,
+}
+
+/// A swept key's value at one point, as the scenario file writes it.
+struct SweptValue {
+    key: String,
+    /// The value's text in the file (`2048`, `"round-robin"`).
+    written: String,
+    /// Its line and column in the file.
+    at: Option<(usize, usize)>,
+}
+
+impl SweepText {
+    /// `e`, an error in this point's scenario, placed in the scenario file `file`: at the
+    /// swept value of the key it names (or the point's first value; the point's own text is
+    /// in no file), and naming the point's keys and values as written.
+    pub(crate) fn locate(&self, file: &str, e: ScenarioError) -> ScenarioError {
+        let related = |k: &str| {
+            !e.key.is_empty()
+                && (e.key == k
+                    || e.key.starts_with(&format!("{k}."))
+                    || k.starts_with(&format!("{}.", e.key)))
+        };
+        let at = self
+            .values
+            .iter()
+            .find(|v| related(&v.key))
+            .or(self.values.first());
+        let written: Vec<String> = self
+            .values
+            .iter()
+            .map(|v| format!("\"{}\" = {}", v.key, v.written))
+            .collect();
+        ScenarioError {
+            line_col: if e.file == file {
+                at.and_then(|v| v.at)
+            } else {
+                e.line_col
+            },
+            message: format!(
+                "{} (sweep point {}: {})",
+                e.message,
+                self.label,
+                written.join(", ")
+            ),
+            ..e
+        }
+    }
+}
+
+/// The byte range in `text` of each value of each `[sweep]` list, by key; empty when the
+/// table is not a table of lists.
+fn sweep_spans(text: &str) -> BTreeMap<String, Vec<Range<usize>>> {
+    #[derive(serde::Deserialize)]
+    struct File {
+        sweep: Option<BTreeMap<String, Vec<toml::Spanned<toml::Value>>>>,
+    }
+    toml::from_str::<File>(text)
+        .ok()
+        .and_then(|f| f.sweep)
+        .map(|s| {
+            s.into_iter()
+                .map(|(k, v)| (k, v.iter().map(toml::Spanned::span).collect()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The points of a `[sweep]` table: every combination of the listed values (the first key
+/// varies slowest) applied to the file's other keys, with the `[sweep]` table removed. Any
+/// kind of scenario validates the texts itself. A value listed twice for one key is an error
+/// (two points would have one label).
 pub(crate) fn sweep_texts(
     file: &str,
     text: &str,
     sweep: &toml::Table,
-) -> Result<Vec<(String, String)>, ScenarioError> {
+) -> Result<Vec<SweepText>, ScenarioError> {
+    let spans = sweep_spans(text);
+    // The value `i` of `key` as written in the file, and its line and column.
+    let written = |key: &str, i: usize, v: &toml::Value| match spans.get(key).and_then(|s| s.get(i))
+    {
+        Some(r) => (
+            text[r.clone()].trim().to_string(),
+            Some(line_col(text, r.start)),
+        ),
+        None => (v.to_string(), None),
+    };
     let err = |key: &str, message: String| ScenarioError {
         file: file.to_string(),
         key: if key.is_empty() {
@@ -571,12 +691,41 @@ pub(crate) fn sweep_texts(
             ),
         ));
     }
+    let shown = |v: &toml::Value| match v {
+        toml::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
     let mut axes: Vec<(&str, &Vec<toml::Value>)> = Vec::new();
     for (key, values) in sweep {
         match values {
             toml::Value::Array(v) if !v.is_empty() => axes.push((key, v)),
             _ => {
                 return Err(err(key, "expected a non-empty list of values".into()));
+            }
+        }
+    }
+    for (key, values) in &axes {
+        for (i, v) in values.iter().enumerate() {
+            if let Some(first) = values[..i].iter().position(|u| shown(u) == shown(v)) {
+                let (again, at) = written(key, i, v);
+                let (before, _) = written(key, first, &values[first]);
+                let before = if before == again {
+                    String::new()
+                } else {
+                    format!(" (as {before} before it)")
+                };
+                return Err(ScenarioError {
+                    line_col: at,
+                    ..err(
+                        key,
+                        format!(
+                            "{again} is listed twice{before}: the label `{}={}` would name two \
+                             points",
+                            key.rsplit('.').next().unwrap_or(key),
+                            shown(v)
+                        ),
+                    )
+                });
             }
         }
     }
@@ -595,21 +744,33 @@ pub(crate) fn sweep_texts(
     for i in 0..total {
         let mut t = base.clone();
         let mut label = Vec::new();
+        let mut values = Vec::new();
         let mut rest = i;
-        for (key, values) in axes.iter().rev() {
-            let v = &values[rest % values.len()];
-            rest /= values.len();
+        for (key, list) in axes.iter().rev() {
+            let j = rest % list.len();
+            let v = &list[j];
+            rest /= list.len();
             set_path(&mut t, key, v.clone()).map_err(|m| err(key, m))?;
-            let shown = match v {
-                toml::Value::String(s) => s.clone(),
-                other => other.to_string(),
-            };
-            label.push(format!("{}={shown}", key.rsplit('.').next().unwrap_or(key)));
+            label.push(format!(
+                "{}={}",
+                key.rsplit('.').next().unwrap_or(key),
+                shown(v)
+            ));
+            let (written, at) = written(key, j, v);
+            values.push(SweptValue {
+                key: key.to_string(),
+                written,
+                at,
+            });
         }
         label.reverse();
-        let label = label.join(" ");
+        values.reverse();
         let point_text = toml::to_string(&t).map_err(|e| err("", e.to_string()))?;
-        points.push((label, point_text));
+        points.push(SweepText {
+            label: label.join(" "),
+            text: point_text,
+            values,
+        });
     }
     Ok(points)
 }

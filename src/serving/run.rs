@@ -73,11 +73,22 @@ pub fn store_params(s: &Scenario, rules: &StoreRules) -> StoreParams {
     }
 }
 
-/// Builds the scenario's trace: generated, or loaded from its dataset or trace file.
+/// Builds the scenario's trace: generated, or loaded from its dataset or trace file. A
+/// replayed request that arrives after the time limit or whose prompt is longer than the
+/// model's context is an error naming its line (the scenario checks generated prompts).
 pub fn trace(s: &Scenario) -> Result<Trace, TraceError> {
     match &s.workload {
         WorkloadSpec::Generated(w) => Ok(qa::generate(w, s.model.vocab as u32, s.seed)),
-        WorkloadSpec::Replay(spec) => Ok(replay::load(spec, s.seed)?.trace),
+        WorkloadSpec::Replay(spec) => {
+            let loaded = replay::load(spec, s.seed)?;
+            loaded.check_fits(
+                &spec.path,
+                s.limits.max_time,
+                s.model.max_context,
+                s.model.name,
+            )?;
+            Ok(loaded.trace)
+        }
     }
 }
 

@@ -80,6 +80,26 @@ pub struct QaWorkload {
     pub output: OutputDist,
 }
 
+impl QaWorkload {
+    /// The longest prompt the generator can build: the system prompt, the longest context
+    /// (a window, or one unit longer than a window, which is a context of its own) and the
+    /// longest question.
+    pub fn max_prompt_tokens(&self) -> u32 {
+        let shape = match self.dataset {
+            Dataset::Squad => &SQUAD,
+            Dataset::Wikiqa => &WIKIQA,
+        };
+        let unit = shape.unit_tokens.3;
+        let context = match self.context {
+            ContextMode::Unit => unit,
+            ContextMode::Window { tokens } => tokens.max(unit),
+        };
+        self.system_prompt_tokens
+            .saturating_add(context)
+            .saturating_add(shape.question_tokens.3)
+    }
+}
+
 /// Shape of a dataset (see the module doc for the sources).
 struct Shape {
     units_per_group: (f64, f64, u32, u32),
@@ -251,6 +271,20 @@ mod tests {
         assert!(t.requests.windows(2).all(|w| w[0].arrival <= w[1].arrival));
         let span = t.requests.last().unwrap().arrival.as_secs_f64();
         assert!((450.0..550.0).contains(&span), "{span}");
+    }
+
+    #[test]
+    fn no_prompt_is_longer_than_the_bound_the_scenario_checks() {
+        for context in [
+            ContextMode::Unit,
+            ContextMode::Window { tokens: 64 },
+            ContextMode::Window { tokens: 4096 },
+        ] {
+            let w = squad(5_000, context);
+            let t = generate(&w, 32_000, 5);
+            let longest = t.requests.iter().map(|r| r.prompt_tokens).max().unwrap();
+            assert!(longest <= w.max_prompt_tokens(), "{context:?}: {longest}");
+        }
     }
 
     #[test]

@@ -85,7 +85,9 @@ impl Ranged for LogAxis {
     fn map(&self, v: &f64, limit: (i32, i32)) -> i32 {
         let (a, b) = (self.lo.log10(), self.hi.log10());
         let frac = (v.max(f64::MIN_POSITIVE).log10() - a) / (b - a);
-        limit.0 + ((limit.1 - limit.0) as f64 * frac).round() as i32
+        limit
+            .0
+            .saturating_add(((limit.1 - limit.0) as f64 * frac).round() as i32)
     }
 
     fn key_points<H: KeyPointHint>(&self, hint: H) -> Vec<f64> {
@@ -124,15 +126,29 @@ fn log_tick(v: f64) -> String {
     }
 }
 
-/// A log axis range around positive `values`, with some room on both sides.
+/// A log axis range around the positive finite `values`, with some room on both sides;
+/// always finite, positive and non-empty (`1..10` when nothing else is).
 fn log_range(values: impl Iterator<Item = f64>) -> (f64, f64) {
-    let (lo, hi) = values.fold((f64::INFINITY, 0.0f64), |(lo, hi), v| {
-        (lo.min(v), hi.max(v))
-    });
-    if hi <= 0.0 {
+    let (lo, hi) = values
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .fold((f64::INFINITY, 0.0f64), |(lo, hi), v| {
+            (lo.min(v), hi.max(v))
+        });
+    let (a, b) = (lo * 0.8, (hi * 1.25).max(lo * 2.0));
+    if hi <= 0.0 || !(a > 0.0 && b.is_finite() && a < b) {
         (1.0, 10.0)
     } else {
-        (lo * 0.8, (hi * 1.25).max(lo * 2.0))
+        (a, b)
+    }
+}
+
+/// `top` as the end of a linear axis from 0 when it is finite and positive, else 1. plotters
+/// looks for the ticks of an infinite axis forever, so no input may make one.
+fn finite_top(top: f64) -> f64 {
+    if top.is_finite() && top > 0.0 {
+        top
+    } else {
+        1.0
     }
 }
 
@@ -206,7 +222,7 @@ where
         pick(l)
             .iter()
             .copied()
-            .filter(|v| *v > 0.0)
+            .filter(|v| v.is_finite() && *v > 0.0)
             .collect::<Vec<_>>()
     };
     let (lo, hi) = log_range(r.latencies.iter().flat_map(positive));
@@ -263,7 +279,9 @@ impl Ranged for Categories {
 
     fn map(&self, v: &f64, limit: (i32, i32)) -> i32 {
         let frac = (v + 0.5) / self.0.max(1) as f64;
-        limit.0 + ((limit.1 - limit.0) as f64 * frac).round() as i32
+        limit
+            .0
+            .saturating_add(((limit.1 - limit.0) as f64 * frac).round() as i32)
     }
 
     fn key_points<H: KeyPointHint>(&self, _: H) -> Vec<f64> {
@@ -296,7 +314,7 @@ where
     let max = totals.iter().copied().fold(0.0, f64::max);
     let stacked = b.stacks.len() > 1;
     // Head room for value labels, or for the legend of stacked bars.
-    let top = if max > 0.0 { max } else { 1.0 } * if stacked { 1.5 } else { 1.15 };
+    let top = finite_top(if max > 0.0 { max } else { 1.0 } * if stacked { 1.5 } else { 1.15 });
     let labels: Vec<String> = b.rows.iter().map(SummaryRow::label).collect();
     let mut chart = ChartBuilder::on(area)
         .caption(b.title, text(PANEL_TITLE_SIZE))
@@ -321,6 +339,15 @@ where
         .light_line_style(TRANSPARENT)
         .draw()?;
     let half = 0.3;
+    // What a bar can show of a value: only what fits on the axis (all of any value a results
+    // file may hold; a value built in memory may be infinite).
+    let fit = |v: f64| {
+        if v.is_finite() {
+            v.clamp(0.0, top)
+        } else {
+            0.0
+        }
+    };
     let mut base = vec![0.0; n];
     for (name, color, values) in &b.stacks {
         let rects: Vec<Rectangle<(f64, f64)>> = (0..n)
@@ -332,7 +359,7 @@ where
                 };
                 let x = i as f64;
                 Rectangle::new(
-                    [(x - half, base[i]), (x + half, base[i] + values[i])],
+                    [(x - half, base[i]), (x + half, base[i] + fit(values[i]))],
                     fill.filled(),
                 )
             })
@@ -345,13 +372,13 @@ where
             });
         }
         for (b, v) in base.iter_mut().zip(values) {
-            *b += v;
+            *b += fit(*v);
         }
     }
     let labels = (0..n).map(|i| {
         Text::new(
             (b.value_label)(i, totals[i]),
-            (i as f64, totals[i] + top * 0.01),
+            (i as f64, fit(totals[i]) + top * 0.01),
             text(LABEL_SIZE).pos(Pos::new(HPos::Center, VPos::Bottom)),
         )
     });
@@ -478,7 +505,7 @@ where
                         .iter()
                         .find(|s| s.policy == *policy && s.point.as_deref() == Some(*pt))
                         .map(|s| (i as f64, pick(s)))
-                        .filter(|(_, v)| *v > 0.0)
+                        .filter(|(_, v)| v.is_finite() && *v > 0.0)
                 })
                 .collect();
             chart
@@ -693,7 +720,7 @@ where
     };
     let max = points().map(|p| p.median_tps).fold(0.0, f64::max);
     // Head room for the legend above the lines.
-    let top = if max > 0.0 { max * 1.3 } else { 1.0 };
+    let top = finite_top(if max > 0.0 { max * 1.3 } else { 1.0 });
     let mut chart = ChartBuilder::on(&area)
         .margin(20)
         .x_label_area_size(55)
@@ -725,6 +752,7 @@ where
             .points
             .iter()
             .map(|p| (f64::from(p.to), p.median_tps))
+            .filter(|(_, tps)| tps.is_finite())
             .collect();
         chart
             .draw_series(LineSeries::new(xy.clone(), color.stroke_width(3)))?
@@ -777,6 +805,18 @@ mod tests {
             wide.key_points(12),
             vec![1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6]
         );
+    }
+
+    #[test]
+    fn axis_ranges_are_finite_and_non_empty_whatever_the_values() {
+        assert_eq!(log_range([10.0, 100.0].into_iter()), (8.0, 125.0));
+        for bad in [f64::INFINITY, f64::NAN, -1.0, 0.0] {
+            assert_eq!(log_range([bad].into_iter()), (1.0, 10.0), "{bad}");
+            assert_eq!(finite_top(bad), 1.0, "{bad}");
+        }
+        assert_eq!(log_range([f64::INFINITY, 10.0].into_iter()), (8.0, 20.0));
+        assert_eq!(log_range([f64::MAX].into_iter()), (1.0, 10.0));
+        assert_eq!(finite_top(2.5), 2.5);
     }
 
     #[test]

@@ -222,27 +222,37 @@ pub(crate) fn figures(pipeline: bool) -> Vec<Figure> {
     v
 }
 
-/// A CSV file being read: its path and its header, to find columns and name errors.
+/// A CSV file being read: its path, its bytes (without a UTF-8 byte-order mark) and its
+/// header, to find columns and name errors.
 struct Table {
     path: PathBuf,
+    bytes: Vec<u8>,
     header: csv::StringRecord,
 }
 
 impl Table {
-    fn open(path: &Path) -> Result<(Table, csv::Reader<std::fs::File>), PlotError> {
-        let file = std::fs::File::open(path).map_err(|source| PlotError::Read {
+    fn open(path: &Path) -> Result<Table, PlotError> {
+        let mut bytes = std::fs::read(path).map_err(|source| PlotError::Read {
             path: path.to_path_buf(),
             source,
         })?;
-        let mut reader = csv::Reader::from_reader(file);
-        let header = reader.headers().map_err(|e| csv_error(path, e))?.clone();
-        Ok((
-            Table {
-                path: path.to_path_buf(),
-                header,
-            },
-            reader,
-        ))
+        if bytes.starts_with(crate::text::UTF8_BOM) {
+            bytes.drain(..crate::text::UTF8_BOM.len());
+        }
+        let header = csv::Reader::from_reader(&bytes[..])
+            .headers()
+            .map_err(|e| csv_error(path, &bytes, e))?
+            .clone();
+        Ok(Table {
+            path: path.to_path_buf(),
+            bytes,
+            header,
+        })
+    }
+
+    /// A reader of the data rows (the header is read and skipped on the first row).
+    fn rows(&self) -> csv::Reader<&[u8]> {
+        csv::Reader::from_reader(&self.bytes[..])
     }
 
     fn bad(&self, line: Option<u64>, msg: String) -> PlotError {
@@ -251,6 +261,16 @@ impl Table {
             line,
             msg,
         }
+    }
+
+    fn csv_error(&self, e: csv::Error) -> PlotError {
+        csv_error(&self.path, &self.bytes, e)
+    }
+
+    /// The line of `rec` as a person counts it (the header is line 1).
+    fn line(&self, rec: &csv::StringRecord) -> Option<u64> {
+        rec.position()
+            .map(|p| crate::text::record_line(&self.bytes, p))
     }
 
     fn column(&self, name: &str) -> Result<usize, PlotError> {
@@ -264,6 +284,18 @@ impl Table {
         self.header.iter().position(|h| h == name)
     }
 
+    /// "column `c`: expected <expected>, found `raw`" at the line of `rec`.
+    fn bad_value(&self, rec: &csv::StringRecord, col: usize, expected: &str) -> PlotError {
+        self.bad(
+            self.line(rec),
+            format!(
+                "column `{}`: expected {expected}, found `{}`",
+                &self.header[col],
+                rec.get(col).unwrap_or("")
+            ),
+        )
+    }
+
     fn parse<T: FromStr>(
         &self,
         rec: &csv::StringRecord,
@@ -271,20 +303,41 @@ impl Table {
         what: &str,
     ) -> Result<T, PlotError> {
         let raw = rec.get(col).unwrap_or("");
-        raw.trim().parse().map_err(|_| {
-            self.bad(
-                rec.position().map(|p| p.line()),
-                format!(
-                    "column `{}`: expected {what}, found `{raw}`",
-                    &self.header[col]
-                ),
-            )
-        })
+        raw.trim()
+            .parse()
+            .map_err(|_| self.bad_value(rec, col, what))
+    }
+
+    /// A finite number from `min` to `max` (durations, rates and ratios: `inf`, `NaN`, a
+    /// negative time or a ratio above one are not results meshsim can have written).
+    fn number(
+        &self,
+        rec: &csv::StringRecord,
+        col: usize,
+        what: &str,
+        (min, max): (f64, f64),
+    ) -> Result<f64, PlotError> {
+        let range = if max.is_finite() {
+            format!("{what} from {min} to {max}")
+        } else {
+            format!("{what}, a finite number >= {min}")
+        };
+        let v: f64 = self.parse(rec, col, &range)?;
+        if v.is_finite() && v >= min && v <= max {
+            Ok(v)
+        } else {
+            Err(self.bad_value(rec, col, &range))
+        }
     }
 }
 
-fn csv_error(path: &Path, e: csv::Error) -> PlotError {
-    let line = e.position().map(|p| p.line());
+/// Durations and rates: finite and not negative.
+const NON_NEGATIVE: (f64, f64) = (0.0, f64::INFINITY);
+/// Ratios of two counts.
+const RATIO: (f64, f64) = (0.0, 1.0);
+
+fn csv_error(path: &Path, bytes: &[u8], e: csv::Error) -> PlotError {
+    let line = e.position().map(|p| crate::text::record_line(bytes, p));
     let msg = match e.kind() {
         csv::ErrorKind::UnequalLengths {
             expected_len, len, ..
@@ -300,7 +353,8 @@ fn csv_error(path: &Path, e: csv::Error) -> PlotError {
 }
 
 fn read_summary(path: &Path) -> Result<Vec<SummaryRow>, PlotError> {
-    let (t, mut reader) = Table::open(path)?;
+    let t = Table::open(path)?;
+    let mut reader = t.rows();
     let c = |name: &str| t.column(name);
     let policy = c("policy")?;
     let point = t.optional_column("point");
@@ -323,10 +377,7 @@ fn read_summary(path: &Path) -> Result<Vec<SummaryRow>, PlotError> {
         .collect();
     let mut rows = Vec::new();
     let mut rec = csv::StringRecord::new();
-    while reader
-        .read_record(&mut rec)
-        .map_err(|e| csv_error(path, e))?
-    {
+    while reader.read_record(&mut rec).map_err(|e| t.csv_error(e))? {
         let mut reused_tokens = [0u64; Tier::ALL.len()];
         for (slot, &col) in reused_tokens.iter_mut().zip(&tiers) {
             *slot = t.parse(&rec, col, "a token count")?;
@@ -337,24 +388,30 @@ fn read_summary(path: &Path) -> Result<Vec<SummaryRow>, PlotError> {
                 *slot = t.parse(&rec, col, "a byte count")?;
             }
         }
-        let ms = |col| t.parse::<f64>(&rec, col, "milliseconds");
+        let ms = |col| t.number(&rec, col, "milliseconds", NON_NEGATIVE);
+        let requests: u64 = t.parse(&rec, requests, "a request count")?;
+        let done: u64 = t.parse(&rec, completed, "a request count")?;
+        if done > requests {
+            let what = format!("at most the `requests` column ({requests})");
+            return Err(t.bad_value(&rec, completed, &what));
+        }
         rows.push(SummaryRow {
             policy: rec.get(policy).unwrap_or("").to_string(),
             point: point.map(|col| rec.get(col).unwrap_or("").to_string()),
-            requests: t.parse(&rec, requests, "a request count")?,
-            completed: t.parse(&rec, completed, "a request count")?,
-            throughput_rps: t.parse(&rec, rps, "requests per second")?,
-            output_tokens_per_s: t.parse(&rec, tps, "tokens per second")?,
+            requests,
+            completed: done,
+            throughput_rps: t.number(&rec, rps, "requests per second", NON_NEGATIVE)?,
+            output_tokens_per_s: t.number(&rec, tps, "tokens per second", NON_NEGATIVE)?,
             ttft_p50_ms: ms(ttft_p50)?,
             ttft_p99_ms: ms(ttft_p99)?,
             tpot_p50_ms: ms(tpot_p50)?,
             e2e_p50_ms: ms(e2e_p50)?,
-            prefix_hit_ratio: t.parse(&rec, hit, "a ratio")?,
+            prefix_hit_ratio: t.number(&rec, hit, "a ratio", RATIO)?,
             reused_tokens,
             loaded_bytes,
         });
         if rows.last().is_some_and(|r| r.policy.is_empty()) {
-            return Err(t.bad(rec.position().map(|p| p.line()), "empty policy name".into()));
+            return Err(t.bad(t.line(&rec), "empty policy name".into()));
         }
     }
     if rows.is_empty() {
@@ -383,7 +440,8 @@ fn read_requests(
     path: &Path,
     pipeline: bool,
 ) -> Result<(Vec<Latencies>, Option<Vec<TpsSeries>>), PlotError> {
-    let (t, mut reader) = Table::open(path)?;
+    let t = Table::open(path)?;
+    let mut reader = t.rows();
     let policy = t.column("policy")?;
     let point = t.optional_column("point");
     let status = t.column("status")?;
@@ -396,11 +454,10 @@ fn read_requests(
     };
     let mut tps: Vec<TpsSamples> = Vec::new();
     let mut out: Vec<Latencies> = Vec::new();
+    // Completed requests without a TPOT (one output token: undefined), left out of `tpot_cdf`.
+    let mut no_tpot = 0u64;
     let mut rec = csv::StringRecord::new();
-    while reader
-        .read_record(&mut rec)
-        .map_err(|e| csv_error(path, e))?
-    {
+    while reader.read_record(&mut rec).map_err(|e| t.csv_error(e))? {
         let name = match point {
             Some(col) => format!(
                 "{} @ {}",
@@ -423,12 +480,14 @@ fn read_requests(
         if rec.get(status) != Some("ok") {
             continue;
         }
-        let ttft_ns: u64 = t.parse(&rec, ttft, "nanoseconds")?;
+        let ttft_ns: u64 = t.parse(&rec, ttft, "a whole number of nanoseconds")?;
         out[i].ttft_ms.push(ttft_ns as f64 / 1e6);
         // TPOT is empty for one-token outputs (undefined).
         if rec.get(tpot).is_some_and(|s| !s.is_empty()) {
-            let tpot_ns: u64 = t.parse(&rec, tpot, "nanoseconds")?;
+            let tpot_ns: u64 = t.parse(&rec, tpot, "a whole number of nanoseconds")?;
             out[i].tpot_ms.push(tpot_ns as f64 / 1e6);
+        } else {
+            no_tpot += 1;
         }
         if let Some((tokens, e2e)) = tps_columns {
             let key = (
@@ -436,7 +495,7 @@ fn read_requests(
                 point.and_then(|col| point_rest(rec.get(col).unwrap_or(""))),
             );
             let tokens: u32 = t.parse(&rec, tokens, "a token count")?;
-            let e2e_ns: u64 = t.parse(&rec, e2e, "nanoseconds")?;
+            let e2e_ns: u64 = t.parse(&rec, e2e, "a whole number of nanoseconds")?;
             // A request without output or without duration has no rate.
             if tokens > 0 && e2e_ns > 0 {
                 let sample = (tokens, tokens as f64 / (e2e_ns as f64 / 1e9));
@@ -446,6 +505,14 @@ fn read_requests(
                 }
             }
         }
+    }
+    if no_tpot > 0 {
+        tracing::info!(
+            file = %path.display(),
+            requests = no_tpot,
+            "completed requests without a TPOT (an empty `tpot_ns`: one output token) are left \
+             out of tpot_cdf"
+        );
     }
     for l in &mut out {
         l.ttft_ms.sort_by(f64::total_cmp);

@@ -114,6 +114,7 @@ pub fn read(path: &Path, max_requests: Option<u32>) -> Result<Loaded, TraceError
     let mut arena = TokenArena::default();
     let mut pseudo = Vec::new();
     let mut requests: Vec<Request> = Vec::new();
+    let mut request_lines = Vec::new();
     let mut contexts = 0u32;
     let max = max_requests.map_or(usize::MAX, |m| m as usize);
     for l in it {
@@ -221,6 +222,7 @@ pub fn read(path: &Path, max_requests: Option<u32>) -> Result<Loaded, TraceError
         }
         let context = line.context.unwrap_or(0);
         contexts = contexts.max(context.saturating_add(1));
+        request_lines.push(n);
         requests.push(Request {
             arrival,
             segments: prompt.into_iter().map(SegId).collect(),
@@ -242,6 +244,7 @@ pub fn read(path: &Path, max_requests: Option<u32>) -> Result<Loaded, TraceError
         questions: h.questions,
         skipped_lines: 0,
         pseudo,
+        lines: request_lines,
     })
 }
 

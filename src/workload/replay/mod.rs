@@ -174,6 +174,9 @@ pub struct Loaded {
     /// For each segment of the arena, `Some(key)` when its tokens are the pseudo tokens
     /// `pseudo_tokens(key, len)`, which lets the canonical writer store it compactly.
     pub pseudo: Vec<Option<u64>>,
+    /// For each request of the trace, the 1-based line of the file it comes from; empty for
+    /// datasets, whose requests have no line of their own.
+    pub lines: Vec<usize>,
 }
 
 /// Loads the file of `spec` and builds its trace; `seed` orders and times dataset questions.
@@ -198,13 +201,77 @@ pub fn load(spec: &ReplaySpec, seed: u64) -> Result<Loaded, TraceError> {
             Source::Canonical => canonical::read(&spec.path, spec.max_requests)?,
         };
     loaded.source = spec.source;
+    if loaded.trace.requests.is_empty() {
+        let skipped = match loaded.skipped_lines {
+            0 => String::new(),
+            n => format!(" ({n} malformed lines skipped)"),
+        };
+        return Err(TraceError::whole(
+            &spec.path,
+            "file",
+            format!("no requests to replay{skipped}: a trace needs at least one"),
+        ));
+    }
     Ok(loaded)
 }
 
-/// The bytes of `path`, which must not be empty.
+impl Loaded {
+    /// Checks that every request of the trace loaded from `path` can be simulated: it arrives
+    /// by `max_arrival` (the simulation's time limit) and its prompt fits in the model's
+    /// context of `max_prompt_tokens` tokens (`model` names it). The error names the first
+    /// request that does not, by its line (or, for datasets, its number).
+    pub fn check_fits(
+        &self,
+        path: &Path,
+        max_arrival: Nanos,
+        max_prompt_tokens: u64,
+        model: &str,
+    ) -> Result<(), TraceError> {
+        let (arrival_field, prompt_field) = match self.source {
+            Source::MooncakeJsonl => ("timestamp", "input_length"),
+            Source::VidurCsv => ("arrived_at", "num_prefill_tokens"),
+            Source::Canonical => ("arrival_ns", "prompt"),
+            Source::SquadJson | Source::WikiqaTsv => ("arrival", "prompt"),
+        };
+        let at = |i: usize, field: &str, msg: String| match self.lines.get(i) {
+            Some(&line) => TraceError::at(path, line, field, msg),
+            None => TraceError::whole(path, &format!("request {i}: {field}"), msg),
+        };
+        for (i, r) in self.trace.requests.iter().enumerate() {
+            if r.arrival > max_arrival {
+                return Err(at(
+                    i,
+                    arrival_field,
+                    format!(
+                        "the request arrives at {:.3} s, after the simulation's time limit \
+                         (limits.max_sim_time_s = {})",
+                        r.arrival.as_secs_f64(),
+                        max_arrival.as_secs_f64()
+                    ),
+                ));
+            }
+            if u64::from(r.prompt_tokens) > max_prompt_tokens {
+                return Err(at(
+                    i,
+                    prompt_field,
+                    format!(
+                        "a prompt of {} tokens is longer than the context of {model} ({} tokens)",
+                        r.prompt_tokens, max_prompt_tokens
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The bytes of `path` without a leading UTF-8 byte-order mark; they must not be empty.
 pub(crate) fn read_bytes(path: &Path) -> Result<Vec<u8>, TraceError> {
-    let bytes = std::fs::read(path)
+    let mut bytes = std::fs::read(path)
         .map_err(|e| TraceError::whole(path, "file", format!("cannot read: {e}")))?;
+    if bytes.starts_with(crate::text::UTF8_BOM) {
+        bytes.drain(..crate::text::UTF8_BOM.len());
+    }
     if bytes.iter().all(|b| b.is_ascii_whitespace()) {
         return Err(TraceError::whole(path, "file", "the file is empty"));
     }
@@ -231,6 +298,15 @@ pub(crate) fn lines<'a>(
                 )
             })
         })
+}
+
+/// `v` as text short enough for a message: `1e300` rather than its 301 digits.
+pub(crate) fn short(v: f64) -> String {
+    if v.is_finite() && v.abs() >= 1e15 {
+        format!("{v:e}")
+    } else {
+        v.to_string()
+    }
 }
 
 /// A line-level error under `skip_bad_lines`: counted and skipped, or returned.
@@ -362,6 +438,7 @@ impl Corpus {
             questions: Some(self.questions() as u32),
             skipped_lines: self.skipped_lines,
             pseudo,
+            lines: Vec::new(),
         }
     }
 }
@@ -373,6 +450,8 @@ pub struct TraceRecord {
     /// `(block key, tokens)`: blocks with equal keys and positions are shared prefixes.
     pub blocks: Vec<(u64, u32)>,
     pub output_tokens: u32,
+    /// The 1-based line of the file it was read from.
+    pub line: usize,
 }
 
 /// A request trace read from a file.
@@ -456,6 +535,46 @@ impl TraceFile {
             questions: None,
             skipped_lines: self.skipped_lines,
             pseudo,
+            lines: self.records.iter().map(|r| r.line).collect(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vidur(dir: &Path, text: &str) -> PathBuf {
+        let p = dir.join("t.csv");
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_stripped_and_lines_follow_requests_after_sorting() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = vidur(
+            dir.path(),
+            "\u{feff}arrived_at,num_prefill_tokens,num_decode_tokens\n2.0,10,1\n\n1.0,40,1\n",
+        );
+        let l = load(&ReplaySpec::new(Source::VidurCsv, &p), 1).unwrap();
+        // Sorted by arrival: line 4 first.
+        assert_eq!(l.lines, vec![4, 2]);
+        let e = l.check_fits(&p, Nanos::from_secs(10), 20, "m").unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (Some(4), "num_prefill_tokens"));
+        let e = l.check_fits(&p, Nanos::from_secs(1), 100, "m").unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (Some(2), "arrived_at"));
+        assert!(l.check_fits(&p, Nanos::from_secs(2), 40, "m").is_ok());
+    }
+
+    #[test]
+    fn a_file_without_requests_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = vidur(
+            dir.path(),
+            "arrived_at,num_prefill_tokens,num_decode_tokens\n",
+        );
+        let e = load(&ReplaySpec::new(Source::VidurCsv, &p), 1).unwrap_err();
+        assert!(e.message.contains("no requests"), "{e}");
     }
 }

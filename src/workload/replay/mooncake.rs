@@ -18,6 +18,10 @@ pub const BLOCK_TOKENS: u32 = 512;
 /// Longest prompt or output accepted (tokens).
 pub const MAX_LENGTH: i64 = 1 << 24;
 
+/// Arrival times of traces must lie below this many seconds: the simulator's clock counts
+/// nanoseconds in a `u64` (about 584 years).
+pub const MAX_TIME_S: f64 = u64::MAX as f64 / 1e9;
+
 #[derive(Deserialize)]
 struct Line {
     timestamp: f64,
@@ -36,12 +40,16 @@ fn parse(path: &Path, n: usize, text: &str) -> Result<TraceRecord, TraceError> {
                 .map(|_| l)
                 .map_err(|e| TraceError::at(path, n, "line", e.to_string()))
         })?;
-    if !(l.timestamp.is_finite() && l.timestamp >= 0.0) {
+    if !(0.0..MAX_TIME_S * 1e3).contains(&l.timestamp) {
         return Err(TraceError::at(
             path,
             n,
             "timestamp",
-            format!("expected milliseconds >= 0, found {}", l.timestamp),
+            format!(
+                "expected milliseconds from 0 to {:.0} (the simulator's clock), found {}",
+                MAX_TIME_S * 1e3,
+                super::short(l.timestamp)
+            ),
         ));
     }
     for (field, v, min) in [
@@ -92,6 +100,7 @@ fn parse(path: &Path, n: usize, text: &str) -> Result<TraceRecord, TraceError> {
             })
             .collect(),
         output_tokens: l.output_length as u32,
+        line: n,
     })
 }
 

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use super::mooncake::MAX_LENGTH;
+use super::mooncake::{MAX_LENGTH, MAX_TIME_S};
 use super::{TraceError, TraceFile, TraceRecord, lines, read_bytes, skip_or_fail};
 use crate::hash::mix64;
 use crate::units::Nanos;
@@ -49,12 +49,16 @@ pub fn read(path: &Path, skip_bad_lines: bool) -> Result<TraceFile, TraceError> 
                     format!("expected seconds, found {:?}", f[col[0]]),
                 )
             })?;
-            if !(t.is_finite() && t >= 0.0) {
+            if !(0.0..MAX_TIME_S).contains(&t) {
                 return Err(TraceError::at(
                     path,
                     n,
                     COLUMNS[0],
-                    format!("expected seconds >= 0, found {t}"),
+                    format!(
+                        "expected seconds from 0 to {MAX_TIME_S:.0} (the simulator's clock), \
+                         found {}",
+                        f[col[0]]
+                    ),
                 ));
             }
             let count = |i: usize| -> Result<u32, TraceError> {
@@ -78,6 +82,7 @@ pub fn read(path: &Path, skip_bad_lines: bool) -> Result<TraceFile, TraceError> 
                 arrival: Nanos::from_secs_f64(t),
                 blocks: vec![(key, prefill)],
                 output_tokens: decode,
+                line: n,
             })
         });
         match rec {
