@@ -24,7 +24,6 @@ pub mod hash;
 pub mod live;
 pub mod metrics;
 pub mod model;
-pub mod output;
 pub mod pipeline;
 pub mod profiling;
 pub mod results;
@@ -37,7 +36,8 @@ pub mod units;
 pub mod workload;
 
 pub use metrics::Tier;
-pub use scenario::{Scenario, ScenarioError};
+pub use scenario::ScenarioError;
 pub use serving::policy::{Policy, PolicyKind};
+pub use serving::scenario::Scenario;
 pub use sim::kernel::SimError;
 pub use units::Nanos;

@@ -5,10 +5,10 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
-use meshsim::output;
+use meshsim::Scenario;
 use meshsim::pipeline::run as pipeline_run;
 use meshsim::pipeline::scenario::{Arrivals, CostSource, PipelineScenario, mode_name};
-use meshsim::scenario::Scenario;
+use meshsim::results::output;
 use meshsim::units::GIB;
 use meshsim::workload::WorkloadSpec;
 use meshsim::workload::qa::{ContextMode, Order, OutputDist};
@@ -167,7 +167,7 @@ fn profile_run(a: &ProfileArgs) -> ExitCode {
             return ExitCode::from(EXIT_FAILED);
         }
     };
-    if let Err(e) = p.write(&a.out) {
+    if let Err(e) = profile::write(&p, &a.out) {
         eprintln!("error: {e}");
         return ExitCode::from(EXIT_FAILED);
     }
@@ -398,7 +398,7 @@ const EXIT_BAD_INPUT: u8 = 2;
 /// Exit status for a simulation that broke a limit or an invariant, or for I/O failures.
 const EXIT_FAILED: u8 = 1;
 
-/// An output path that must not be written (see `meshsim::output`), found before any work.
+/// An output path that must not be written (see `meshsim::results::output`), found before any work.
 fn refused(e: output::OutputError) -> ExitCode {
     eprintln!("error: {e}");
     ExitCode::from(EXIT_BAD_INPUT)

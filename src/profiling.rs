@@ -9,6 +9,7 @@
 //! (seeded) token ids, so two profiles of one machine differ only by timing noise.
 
 use std::ops::Range;
+use std::path::Path;
 use std::time::Instant;
 
 use candle_core::{DType, Device, DeviceLocation};
@@ -16,6 +17,7 @@ use candle_core::{DType, Device, DeviceLocation};
 use crate::backend::{Activation, CacheState, CandleBackend, ModelBackend, StepOutput};
 use crate::exec::{TransformerConfig, WeightSource};
 use crate::model::profile::{Profile, ProfileError, ShardProfile, check_grid, check_layers};
+use crate::results::output;
 use crate::units::Nanos;
 
 /// The shapes that [`measure`] times.
@@ -240,6 +242,20 @@ pub fn measure(
                 decode,
             })
             .collect(),
+    })
+}
+
+/// Writes [`Profile::to_toml`] to `path` atomically (a temporary file in the same folder, then
+/// a swap: [`output::write_file_atomically`]); an existing `path` must be a profile meshsim
+/// wrote.
+pub fn write(profile: &Profile, path: &Path) -> Result<(), ProfileError> {
+    let replaces = output::Replaces::Header(output::PROFILE_HEADER);
+    output::write_file_atomically(path, replaces, |w| {
+        w.write_all(profile.to_toml().as_bytes())
+    })
+    .map_err(|e| ProfileError::Write {
+        file: path.display().to_string(),
+        message: e.to_string(),
     })
 }
 

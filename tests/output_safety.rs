@@ -1,12 +1,12 @@
 //! meshsim never loses a user's files: `--out` replaces only what meshsim wrote, refuses
 //! anything else with exit status 2 before any work, and replaces results whole (a crash at
 //! any stage leaves the old results or the new ones, and the next run cleans up). See
-//! `src/output.rs`.
+//! `src/results/output/mod.rs`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use meshsim::output::{MARKER, check_out_dir};
+use meshsim::results::output::{MARKER, check_out_dir};
 
 /// The small test scenario cut to 20 requests and one policy (a fraction of a second).
 fn tiny_scenario(dir: &Path) -> PathBuf {

@@ -50,7 +50,7 @@ fn a_measured_tiny_profile_round_trips_and_times_every_point() {
 
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("sub").join("tiny.toml");
-    p.write(&path).unwrap();
+    meshsim::profiling::write(&p, &path).unwrap();
     assert_eq!(Profile::load(&path).unwrap(), p);
     // Only the profile is left behind: the temporary file was renamed.
     let names: Vec<_> = std::fs::read_dir(path.parent().unwrap())

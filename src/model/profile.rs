@@ -20,7 +20,8 @@
 //! [`crate::backend::SimBackend::profiled`] charges these times instead of the roofline
 //! [`crate::model::cost::CostModel`].
 //!
-//! Files are TOML written by [`Profile::to_toml`] (and [`Profile::write`], atomically):
+//! Files are TOML written by [`Profile::to_toml`] (`crate::profiling::write` writes them to a
+//! file, atomically):
 //!
 //! ```toml
 //! model = "small"
@@ -455,20 +456,6 @@ impl Profile {
             );
         }
         s
-    }
-
-    /// Writes [`Profile::to_toml`] to `path` atomically (a temporary file in the same folder,
-    /// then a swap: [`crate::output::write_file_atomically`]); an existing `path` must be a
-    /// profile meshsim wrote.
-    pub fn write(&self, path: &Path) -> Result<(), ProfileError> {
-        let replaces = crate::output::Replaces::Header(crate::output::PROFILE_HEADER);
-        crate::output::write_file_atomically(path, replaces, |w| {
-            w.write_all(self.to_toml().as_bytes())
-        })
-        .map_err(|e| ProfileError::Write {
-            file: path.display().to_string(),
-            message: e.to_string(),
-        })
     }
 
     /// The profile of the shard that holds exactly `layers`.

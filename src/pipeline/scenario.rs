@@ -45,8 +45,9 @@ use crate::hardware::{GpuSpec, LinkSpec};
 use crate::model::ModelConfig;
 use crate::model::profile::Profile;
 use crate::pipeline::shard::{CacheLimits, DecodeMode};
-use crate::scenario::raw::RawGpu;
-use crate::scenario::{Check, MAX_REQUESTS, ScenarioError, deserialize, gpu_spec, sweep_texts};
+use crate::scenario::hardware::{RawGpu, gpu_spec};
+use crate::scenario::sweep::sweep_texts;
+use crate::scenario::{Check, MAX_REQUESTS, ScenarioError, deserialize};
 use crate::sim::kernel::Limits;
 use crate::units::{GB, Nanos};
 

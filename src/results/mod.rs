@@ -3,10 +3,12 @@
 //! [`write_results_dir`] writes the folder of a run of either system: `scenario.toml`,
 //! `requests.csv`, `summary.csv` (the schema of [`crate::metrics::write`]), then the plots and
 //! `report.md` that [`plot`] makes from those files, replacing the folder atomically
-//! ([`crate::output`]). [`compare`] reads a simulated and a live folder of one pipeline
+//! ([`crate::results::output`]). [`compare`] reads a simulated and a live folder of one pipeline
 //! scenario and reports how far the simulation is from the live run.
 
 pub mod compare;
+mod files;
+pub mod output;
 pub mod plot;
 
 use std::path::{Path, PathBuf};
@@ -27,7 +29,7 @@ pub struct Written {
 /// Writes a results folder: `scenario.toml` (`text`), `requests.csv` (`records`: point,
 /// policy and its records), `summary.csv`, then the plots and `report.md` made from those
 /// files. Everything goes into a temporary folder beside `dir` that replaces `dir` atomically
-/// at the end ([`crate::output::replace_dir_atomically`]), so a failure or a crash leaves the
+/// at the end ([`crate::results::output::replace_dir_atomically`]), so a failure or a crash leaves the
 /// old results or the new ones, whole; `dir` must be a results folder meshsim wrote, an empty
 /// folder or a new one.
 pub fn write_results_dir(
@@ -36,7 +38,7 @@ pub fn write_results_dir(
     summaries: &[Summary],
     dir: &Path,
 ) -> std::io::Result<Written> {
-    let (plot_time, files) = crate::output::replace_dir_atomically(dir, |tmp| {
+    let (plot_time, files) = crate::results::output::replace_dir_atomically(dir, |tmp| {
         std::fs::write(tmp.join("scenario.toml"), text)?;
         let f = std::io::BufWriter::new(std::fs::File::create(tmp.join("requests.csv"))?);
         write_requests(f, records).map_err(std::io::Error::other)?;

@@ -11,6 +11,7 @@ pub mod msg;
 pub mod policy;
 pub mod router;
 pub mod run;
+pub mod scenario;
 pub mod store;
 
 pub use msg::Msg;

@@ -4,7 +4,7 @@
 //! Policies run in parallel threads (at most one per core); each simulation is a pure function
 //! of the scenario, the seed and the policy, so the results do not depend on the thread count.
 //! Results are written into a temporary folder beside the target and swapped into place at
-//! the end ([`crate::output`]), so a failed run never leaves half-written files. Plots and
+//! the end ([`crate::results::output`]), so a failed run never leaves half-written files. Plots and
 //! `report.md` are made from the CSV files in that temporary folder ([`crate::results::plot`]) before
 //! the swap.
 
@@ -18,11 +18,11 @@ use crate::hardware::Place;
 use crate::hardware::network::{LinkBytes, Network};
 use crate::metrics::{Report, Summary};
 use crate::model::cost::BatchShape;
-use crate::scenario::Scenario;
 use crate::serving::instance::{Instance, StoreLink};
 use crate::serving::policy::Policy;
 use crate::serving::policy::PolicyKind;
 use crate::serving::router::Router;
+use crate::serving::scenario::Scenario;
 use crate::serving::store::StoreRules;
 use crate::serving::store::directory::{Directory, StoreParams};
 use crate::serving::store::metadata::Metadata;

@@ -105,14 +105,7 @@ impl Figure {
 
     /// The file name without extension.
     pub fn stem(self) -> &'static str {
-        match self {
-            Figure::TtftCdf => "ttft_cdf",
-            Figure::TpotCdf => "tpot_cdf",
-            Figure::TtftPercentiles => "ttft_percentiles",
-            Figure::Throughput => "throughput",
-            Figure::PrefixHits => "prefix_hits",
-            Figure::TpsOutput => "tps_output",
-        }
+        super::files::FIGURES[self as usize]
     }
 
     /// A short description, used as the image's alt text in the report.
@@ -308,9 +301,11 @@ pub fn render_results(results: &Results, dir: &Path) -> Result<Vec<PathBuf>, Plo
 }
 
 fn write_file(path: &Path, bytes: &[u8]) -> Result<(), PlotError> {
-    crate::output::write_file_atomically(path, crate::output::Replaces::ResultsFile, |w| {
-        w.write_all(bytes)
-    })
+    crate::results::output::write_file_atomically(
+        path,
+        crate::results::output::Replaces::ResultsFile,
+        |w| w.write_all(bytes),
+    )
     .map_err(|e| PlotError::Write {
         path: path.to_path_buf(),
         source: e.into(),

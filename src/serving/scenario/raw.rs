@@ -3,6 +3,8 @@
 
 use serde::Deserialize;
 
+pub use crate::scenario::hardware::RawHardware;
+
 use crate::serving::policy::PolicyKind;
 use crate::serving::router::RouterStrategy;
 use crate::serving::store::eviction::Eviction;
@@ -95,64 +97,6 @@ impl Default for RawPtStore {
             consolidate: true,
         }
     }
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawHardware {
-    pub nodes: u32,
-    pub gpus_per_node: u32,
-    pub gpu: RawGpu,
-    pub host: RawHost,
-    pub ssd: RawSsd,
-    pub pcie: RawLink,
-    pub nvlink: RawLink,
-    pub network: RawNetwork,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawGpu {
-    pub name: String,
-    pub memory_gib: f64,
-    pub memory_bandwidth_gb_per_s: f64,
-    pub peak_tflops: f64,
-    pub compute_efficiency: f64,
-    pub memory_efficiency: f64,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawHost {
-    pub memory_gib: f64,
-    pub memory_bandwidth_gb_per_s: f64,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawSsd {
-    pub drives: u32,
-    pub capacity_gb_per_drive: f64,
-    pub read_bandwidth_gb_per_s_per_drive: f64,
-    pub write_bandwidth_gb_per_s_per_drive: f64,
-    pub latency_us: f64,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawLink {
-    pub bandwidth_gb_per_s: f64,
-    pub latency_ns: u64,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawNetwork {
-    pub nics_per_node: u32,
-    pub nic_bandwidth_gbit_per_s: f64,
-    pub nic_latency_ns: u64,
-    pub switch_latency_ns: u64,
-    pub switch_hops: u32,
 }
 
 #[derive(Debug, Deserialize)]

@@ -1,0 +1,34 @@
+//! The names of the files meshsim writes into a results folder, in one place: the plots name
+//! their figures from here, and [`super::output`] replaces only folders holding nothing else.
+
+/// The marker file in every results folder that meshsim writes (see [`super::output`]).
+pub const MARKER: &str = ".meshsim-results";
+
+/// The figures' file names without extension, in `plot::Figure` order.
+pub const FIGURES: [&str; 6] = [
+    "ttft_cdf",
+    "tpot_cdf",
+    "ttft_percentiles",
+    "throughput",
+    "prefix_hits",
+    "tps_output",
+];
+
+/// Every name meshsim writes into a results folder (each figure as PNG and SVG).
+pub fn names() -> Vec<String> {
+    let mut v: Vec<String> = [
+        MARKER,
+        "scenario.toml",
+        "requests.csv",
+        "summary.csv",
+        "report.md",
+        "comparison.md",
+    ]
+    .map(String::from)
+    .to_vec();
+    for stem in FIGURES {
+        v.push(format!("{stem}.png"));
+        v.push(format!("{stem}.svg"));
+    }
+    v
+}

@@ -1,0 +1,328 @@
+//! Serving scenarios: one TOML file describes a whole experiment of the serving system
+//! (hardware, model, serving, workload, store, policies, limits). The shared parts of every
+//! scenario (deserializer, value checks, hardware tables, sweeps) are in [`crate::scenario`];
+//! this module validates the file table by table: `[hardware]`
+//! ([`crate::scenario::hardware`]), `[model]` and `[serving]` (here), `[workload]`
+//! ([`workload`]), `[store]` ([`store`]) and `[limits]` (here).
+
+pub(crate) mod raw;
+mod store;
+mod workload;
+
+use std::path::Path;
+
+use crate::hardware::{HardwareSpec, Place};
+use crate::model::ModelConfig;
+use crate::model::cost::CostModel;
+use crate::scenario::hardware::hardware;
+use crate::scenario::sweep::sweep_texts;
+use crate::scenario::{Check, MAX_REQUESTS, MAX_TOKENS, ScenarioError, deserialize};
+use crate::serving::instance::InstanceConfig;
+use crate::serving::policy::PolicyKind;
+use crate::serving::router::RouterStrategy;
+use crate::serving::store::StoreConfig;
+use crate::sim::kernel::Limits;
+use crate::units::{GIB, Nanos};
+use crate::workload::WorkloadSpec;
+use raw::*;
+use store::validate_store;
+use workload::workload;
+
+/// Serving parameters, validated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Serving {
+    pub tensor_parallel: u32,
+    pub router: RouterStrategy,
+    pub instance: InstanceConfig,
+    pub iteration_overhead: Nanos,
+}
+
+/// A validated scenario.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub name: String,
+    /// The file's exact text, copied into the results.
+    pub text: String,
+    pub seed: u64,
+    pub policies: Vec<PolicyKind>,
+    pub hardware: HardwareSpec,
+    pub model: ModelConfig,
+    pub serving: Serving,
+    pub workload: WorkloadSpec,
+    pub store: StoreConfig,
+    pub limits: Limits,
+    /// The points of the scenario's `[sweep]`, each a whole validated scenario; empty when
+    /// nothing is swept.
+    pub points: Vec<SweepPoint>,
+}
+
+/// One point of a sweep.
+#[derive(Clone, Debug)]
+pub struct SweepPoint {
+    /// `key=value` for each swept key (last path segment), space-separated.
+    pub label: String,
+    pub scenario: Scenario,
+}
+
+/// Most KV blocks one instance may have (each costs 32 bytes of bookkeeping).
+pub const MAX_BLOCKS_PER_INSTANCE: u32 = 1 << 24;
+/// Most KV blocks all instances together may have.
+pub const MAX_BLOCKS_TOTAL: u64 = 1 << 27;
+
+impl Scenario {
+    /// Reads and validates a scenario file.
+    pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
+        let file = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|e| ScenarioError {
+            file: file.clone(),
+            key: String::new(),
+            message: format!("cannot read: {e}"),
+            line_col: None,
+        })?;
+        let text = String::from_utf8(bytes).map_err(|e| ScenarioError {
+            file: file.clone(),
+            key: String::new(),
+            message: format!("not valid UTF-8 (byte {})", e.utf8_error().valid_up_to()),
+            line_col: None,
+        })?;
+        let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+        let stem = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "scenario".into());
+        Scenario::parse(&file, &stem, text)
+    }
+
+    /// Parses and validates scenario `text`; `file` names it in errors and `default_name`
+    /// is used when the file has no `name` key.
+    pub fn parse(file: &str, default_name: &str, text: &str) -> Result<Scenario, ScenarioError> {
+        let raw: Raw = deserialize(file, text)?;
+        let sweep = raw.sweep.clone();
+        let mut s = validate(file, default_name, text, raw)?;
+        if let Some(sweep) = sweep {
+            s.points = sweep_points(file, &s.name, text, &sweep)?;
+        }
+        Ok(s)
+    }
+
+    /// Sets the seed of the scenario and of every sweep point.
+    pub fn set_seed(&mut self, seed: u64) {
+        self.seed = seed;
+        for p in &mut self.points {
+            p.scenario.seed = seed;
+        }
+    }
+
+    /// Number of serving instances (one per tensor-parallel group of GPUs).
+    pub fn instances(&self) -> u32 {
+        self.hardware.total_gpus() / self.serving.tensor_parallel
+    }
+
+    /// Where instance `i` runs: the first GPU of its group.
+    pub fn instance_place(&self, i: u32) -> Place {
+        let per_node = self.hardware.gpus_per_node / self.serving.tensor_parallel;
+        Place::Gpu {
+            node: i / per_node,
+            gpu: (i % per_node) * self.serving.tensor_parallel,
+        }
+    }
+
+    pub fn cost_model(&self) -> CostModel {
+        CostModel::new(
+            self.model.clone(),
+            self.hardware.gpu.clone(),
+            self.hardware.nvlink,
+            self.serving.tensor_parallel,
+            self.serving.iteration_overhead,
+        )
+    }
+}
+
+/// KV memory of one instance: what its GPUs hold beyond the weights and the reserve.
+fn kv_bytes_per_instance(hw: &HardwareSpec, model: &ModelConfig, tp: u32, reserve: u64) -> i128 {
+    tp as i128 * hw.gpu.memory_bytes as i128
+        - model.weight_bytes() as i128
+        - tp as i128 * reserve as i128
+}
+
+fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenario, ScenarioError> {
+    let c = Check { file };
+    let name = c.name(r.name, default_name)?;
+    if r.policies.is_empty() {
+        return Err(c.err("policies", "expected at least one policy"));
+    }
+    let mut policies = r.policies.clone();
+    policies.sort();
+    policies.dedup();
+    if policies.len() != r.policies.len() {
+        return Err(c.err("policies", "a policy is listed twice"));
+    }
+
+    let hardware = hardware(&c, &r.hardware)?;
+
+    let model = match crate::model::preset(&r.model.preset) {
+        Some(p) => p.model.clone(),
+        None => {
+            return Err(c.err(
+                "model.preset",
+                format!(
+                    "unknown model {:?}; expected one of {}",
+                    r.model.preset,
+                    crate::model::catalogue::names()
+                ),
+            ));
+        }
+    };
+
+    let s = &r.serving;
+    let tp = c.count("serving.tensor_parallel", s.tensor_parallel, 64)?;
+    if !hardware.gpus_per_node.is_multiple_of(tp) {
+        return Err(c.err(
+            "serving.tensor_parallel",
+            format!(
+                "expected a divisor of hardware.gpus_per_node ({}), found {tp}",
+                hardware.gpus_per_node
+            ),
+        ));
+    }
+    let block_size = c.count("serving.block_size_tokens", s.block_size_tokens, 1024)?;
+    if s.memory_reserve_gib.is_nan() || s.memory_reserve_gib < 0.0 {
+        return Err(c.err(
+            "serving.memory_reserve_gib",
+            format!(
+                "expected zero or a positive number, found {}",
+                s.memory_reserve_gib
+            ),
+        ));
+    }
+    let reserve = (s.memory_reserve_gib * GIB as f64) as u64;
+    let kv = kv_bytes_per_instance(&hardware, &model, tp, reserve);
+    let block_bytes = block_size as i128 * model.kv_bytes_per_token() as i128;
+    if kv < block_bytes {
+        let gib = |b: f64| b / GIB as f64;
+        return Err(c.err(
+            "model.preset",
+            format!(
+                "{} does not fit: {:.2} GiB of weights over {tp} GPU(s) plus {:.2} GiB reserve \
+                 per GPU leave no KV memory in {:.2} GiB (hardware.gpu.memory_gib); use bigger \
+                 GPUs, a larger serving.tensor_parallel or a smaller model",
+                model.name,
+                gib(model.weight_bytes() as f64),
+                s.memory_reserve_gib,
+                gib(hardware.gpu.memory_bytes as f64),
+            ),
+        ));
+    }
+    let blocks = kv / block_bytes;
+    let instances = (hardware.total_gpus() / tp) as i128;
+    if blocks > MAX_BLOCKS_PER_INSTANCE as i128 || blocks * instances > MAX_BLOCKS_TOTAL as i128 {
+        return Err(c.err(
+            "serving.block_size_tokens",
+            format!(
+                "{blocks} KV blocks per instance x {instances} instances exceeds the limit of \
+                 {MAX_BLOCKS_PER_INSTANCE} per instance and {MAX_BLOCKS_TOTAL} in all; use larger blocks"
+            ),
+        ));
+    }
+    let num_blocks = blocks as u32;
+    if s.iteration_overhead_us.is_nan() || s.iteration_overhead_us < 0.0 {
+        return Err(c.err(
+            "serving.iteration_overhead_us",
+            format!(
+                "expected zero or a positive number, found {}",
+                s.iteration_overhead_us
+            ),
+        ));
+    }
+    let serving = Serving {
+        tensor_parallel: tp,
+        router: s.router,
+        instance: InstanceConfig {
+            block_size,
+            num_blocks,
+            max_num_seqs: c.count("serving.max_num_seqs", s.max_num_seqs, 65_536)?,
+            max_batched_tokens: c.count(
+                "serving.max_batched_tokens",
+                s.max_batched_tokens,
+                MAX_TOKENS,
+            )?,
+            max_waiting: c.count(
+                "serving.max_waiting_requests",
+                s.max_waiting_requests,
+                MAX_REQUESTS,
+            )?,
+        },
+        iteration_overhead: Nanos::from_secs_f64(s.iteration_overhead_us / 1e6),
+    };
+
+    let workload = workload(&c, file, &r.workload)?;
+    if let WorkloadSpec::Generated(w) = &workload
+        && u64::from(w.max_prompt_tokens()) > model.max_context
+    {
+        return Err(c.err(
+            "workload.context_tokens",
+            format!(
+                "prompts of up to {} tokens (system prompt, context and question) do not fit in \
+                 the context of {} ({} tokens)",
+                w.max_prompt_tokens(),
+                model.name,
+                model.max_context
+            ),
+        ));
+    }
+    if model.vocab < 4 {
+        return Err(c.err("model.preset", "vocabulary too small to generate prompts"));
+    }
+
+    let store = validate_store(&c, &r.store, &hardware, &model, block_size)?;
+
+    let l = &r.limits;
+    if l.max_events == 0 {
+        return Err(c.err("limits.max_events", "expected a positive integer, found 0"));
+    }
+    if l.max_pending_events == 0 {
+        return Err(c.err(
+            "limits.max_pending_events",
+            "expected a positive integer, found 0",
+        ));
+    }
+    let limits = Limits {
+        max_events: l.max_events,
+        max_time: Nanos::from_secs_f64(c.positive("limits.max_sim_time_s", l.max_sim_time_s)?),
+        max_pending: l.max_pending_events.min(usize::MAX as u64) as usize,
+    };
+
+    Ok(Scenario {
+        name,
+        text: text.to_string(),
+        seed: r.seed,
+        policies: r.policies,
+        hardware,
+        model,
+        serving,
+        workload,
+        store,
+        limits,
+        points: Vec::new(),
+    })
+}
+
+/// Expands `[sweep]`: every combination of the listed values (the first key varies slowest),
+/// each applied to the file's other keys and validated as a whole scenario.
+fn sweep_points(
+    file: &str,
+    name: &str,
+    text: &str,
+    sweep: &toml::Table,
+) -> Result<Vec<SweepPoint>, ScenarioError> {
+    sweep_texts(file, text, sweep)?
+        .into_iter()
+        .map(|p| {
+            let scenario = Scenario::parse(file, name, &p.text).map_err(|e| p.locate(file, e))?;
+            Ok(SweepPoint {
+                label: p.label,
+                scenario,
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,204 @@
+//! The `[workload]` table of a serving scenario: a generated QA workload or a replayed
+//! dataset or trace.
+
+use super::raw::*;
+use std::path::Path;
+
+use crate::scenario::{Check, MAX_REQUESTS, MAX_TOKENS, ScenarioError};
+use crate::workload::WorkloadSpec;
+use crate::workload::qa::{ContextMode, Dataset, Order, OutputDist, QaWorkload};
+use crate::workload::replay::{DEFAULT_SYSTEM_PROMPT, QaOptions, ReplaySpec, Source};
+
+fn output_dist(c: &Check, o: &RawOutput) -> Result<OutputDist, ScenarioError> {
+    Ok(match *o {
+        RawOutput::Fixed { tokens } => OutputDist::Fixed {
+            tokens: c.count("workload.output_tokens.tokens", tokens, MAX_TOKENS)?,
+        },
+        RawOutput::Uniform { min, max } => {
+            c.count("workload.output_tokens.min", min, MAX_TOKENS)?;
+            c.count("workload.output_tokens.max", max, MAX_TOKENS)?;
+            if min > max {
+                return Err(c.err(
+                    "workload.output_tokens.max",
+                    format!("expected at least min ({min}), found {max}"),
+                ));
+            }
+            OutputDist::Uniform { min, max }
+        }
+        RawOutput::Lognormal { median, sigma, max } => {
+            let median = c.positive("workload.output_tokens.median", median)?;
+            if !(sigma.is_finite() && sigma >= 0.0) {
+                return Err(c.err(
+                    "workload.output_tokens.sigma",
+                    format!("expected zero or a positive number, found {sigma}"),
+                ));
+            }
+            OutputDist::LogNormal {
+                median,
+                sigma,
+                max: c.count("workload.output_tokens.max", max, MAX_TOKENS)?,
+            }
+        }
+    })
+}
+
+/// The `[workload]` section: a generator (`dataset = ...`) or a replayed file
+/// (`source = ...`), each with only the keys that apply to it.
+pub(super) fn workload(
+    c: &Check,
+    file: &str,
+    w: &RawWorkload,
+) -> Result<WorkloadSpec, ScenarioError> {
+    let missing = |key: &str| c.err("workload", format!("missing field `{key}`"));
+    let order = match w.order.unwrap_or_else(default_order) {
+        RawOrder::Shuffled => Order::Shuffled,
+        RawOrder::Grouped => Order::Grouped,
+    };
+    let context = match w.context.unwrap_or_else(default_context) {
+        RawContext::Unit => ContextMode::Unit,
+        RawContext::Window => ContextMode::Window {
+            tokens: c.count(
+                "workload.context_tokens",
+                w.context_tokens.unwrap_or_else(default_context_tokens),
+                MAX_TOKENS,
+            )?,
+        },
+    };
+    let source = match (w.dataset, w.source) {
+        (Some(_), Some(_)) => {
+            return Err(c.err(
+                "workload.source",
+                "expected either `dataset` (a built-in generator) or `source` (a file), not both",
+            ));
+        }
+        (None, None) => return Err(missing("dataset")),
+        (Some(dataset), None) => {
+            for (key, set) in [
+                ("path", w.path.is_some()),
+                ("tokenizer", w.tokenizer.is_some()),
+                ("skip_bad_lines", w.skip_bad_lines.is_some()),
+                ("system_prompt", w.system_prompt.is_some()),
+            ] {
+                if set {
+                    return Err(c.err(
+                        &format!("workload.{key}"),
+                        "only used when replaying a file (`source = ...`)",
+                    ));
+                }
+            }
+            let output = output_dist(
+                c,
+                w.output_tokens
+                    .as_ref()
+                    .ok_or_else(|| missing("output_tokens"))?,
+            )?;
+            let system_prompt_tokens = w
+                .system_prompt_tokens
+                .unwrap_or_else(default_system_prompt_tokens);
+            if system_prompt_tokens > MAX_TOKENS {
+                return Err(c.err(
+                    "workload.system_prompt_tokens",
+                    format!("expected at most {MAX_TOKENS}, found {system_prompt_tokens}"),
+                ));
+            }
+            return Ok(WorkloadSpec::Generated(QaWorkload {
+                dataset: match dataset {
+                    RawDataset::Squad => Dataset::Squad,
+                    RawDataset::Wikiqa => Dataset::Wikiqa,
+                },
+                requests: c.count(
+                    "workload.requests",
+                    w.requests.ok_or_else(|| missing("requests"))?,
+                    MAX_REQUESTS,
+                )?,
+                arrival_rate_per_s: c.positive(
+                    "workload.arrival_rate_per_s",
+                    w.arrival_rate_per_s
+                        .ok_or_else(|| missing("arrival_rate_per_s"))?,
+                )?,
+                order,
+                context,
+                system_prompt_tokens,
+                output,
+            }));
+        }
+        (None, Some(s)) => match s {
+            RawSource::SquadJson => Source::SquadJson,
+            RawSource::WikiqaTsv => Source::WikiqaTsv,
+            RawSource::MooncakeJsonl => Source::MooncakeJsonl,
+            RawSource::VidurCsv => Source::VidurCsv,
+            RawSource::Canonical => Source::Canonical,
+        },
+    };
+    if w.system_prompt_tokens.is_some() {
+        return Err(c.err(
+            "workload.system_prompt_tokens",
+            "only used by the built-in generators; a replayed dataset takes `system_prompt` (text)",
+        ));
+    }
+    let base = Path::new(file).parent().unwrap_or(Path::new(""));
+    let resolve = |p: &str| base.join(p);
+    let path = resolve(w.path.as_deref().ok_or_else(|| missing("path"))?);
+    let max_requests = match w.requests {
+        Some(n) => Some(c.count("workload.requests", n, MAX_REQUESTS)?),
+        None => None,
+    };
+    let qa = if source.is_dataset() {
+        let system_prompt = w
+            .system_prompt
+            .clone()
+            .unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_string());
+        QaOptions {
+            arrival_rate_per_s: c.positive(
+                "workload.arrival_rate_per_s",
+                w.arrival_rate_per_s
+                    .ok_or_else(|| missing("arrival_rate_per_s"))?,
+            )?,
+            order,
+            context,
+            system_prompt,
+            output: output_dist(
+                c,
+                w.output_tokens
+                    .as_ref()
+                    .ok_or_else(|| missing("output_tokens"))?,
+            )?,
+        }
+    } else {
+        for (key, set) in [
+            ("tokenizer", w.tokenizer.is_some()),
+            ("system_prompt", w.system_prompt.is_some()),
+            ("arrival_rate_per_s", w.arrival_rate_per_s.is_some()),
+            ("order", w.order.is_some()),
+            ("context", w.context.is_some()),
+            ("context_tokens", w.context_tokens.is_some()),
+            ("output_tokens", w.output_tokens.is_some()),
+        ] {
+            if set {
+                return Err(c.err(
+                    &format!("workload.{key}"),
+                    format!(
+                        "not used by source {:?}: the trace gives arrival times, prompts and \
+                         output lengths",
+                        source.name()
+                    ),
+                ));
+            }
+        }
+        QaOptions::default()
+    };
+    if matches!(source, Source::SquadJson | Source::Canonical) && w.skip_bad_lines.is_some() {
+        return Err(c.err(
+            "workload.skip_bad_lines",
+            format!("not supported by source {:?}", source.name()),
+        ));
+    }
+    Ok(WorkloadSpec::Replay(ReplaySpec {
+        source,
+        path,
+        tokenizer: w.tokenizer.as_deref().map(resolve),
+        max_requests,
+        skip_bad_lines: w.skip_bad_lines.unwrap_or(false),
+        qa,
+    }))
+}
