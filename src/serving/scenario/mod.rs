@@ -160,21 +160,91 @@ fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenar
 
     let hardware = hardware(&c, &r.hardware)?;
 
-    let model = match crate::model::preset(&r.model.preset) {
-        Some(p) => p.model.clone(),
-        None => {
-            return Err(c.err(
-                "model.preset",
-                format!(
-                    "unknown model {:?}; expected one of {}",
-                    r.model.preset,
-                    crate::model::catalogue::names()
-                ),
-            ));
-        }
-    };
+    let model = model(&c, &r.model)?;
 
-    let s = &r.serving;
+    let serving = serving(&c, &r.serving, &hardware, &model)?;
+
+    let workload = workload(&c, file, &r.workload)?;
+    if let WorkloadSpec::Generated(w) = &workload
+        && u64::from(w.max_prompt_tokens()) > model.max_context
+    {
+        return Err(c.err(
+            "workload.context_tokens",
+            format!(
+                "prompts of up to {} tokens (system prompt, context and question) do not fit in \
+                 the context of {} ({} tokens)",
+                w.max_prompt_tokens(),
+                model.name,
+                model.max_context
+            ),
+        ));
+    }
+    if model.vocab < 4 {
+        return Err(c.err("model.preset", "vocabulary too small to generate prompts"));
+    }
+
+    let store = validate_store(&c, &r.store, &hardware, &model, serving.instance.block_size)?;
+
+    let limits = limits(&c, &r.limits)?;
+
+    Ok(Scenario {
+        name,
+        text: text.to_string(),
+        seed: r.seed,
+        policies: r.policies,
+        hardware,
+        model,
+        serving,
+        workload,
+        store,
+        limits,
+        points: Vec::new(),
+    })
+}
+
+/// Expands `[sweep]`: every combination of the listed values (the first key varies slowest),
+/// each applied to the file's other keys and validated as a whole scenario.
+fn sweep_points(
+    file: &str,
+    name: &str,
+    text: &str,
+    sweep: &toml::Table,
+) -> Result<Vec<SweepPoint>, ScenarioError> {
+    sweep_texts(file, text, sweep)?
+        .into_iter()
+        .map(|p| {
+            let scenario = Scenario::parse(file, name, &p.text).map_err(|e| p.locate(file, e))?;
+            Ok(SweepPoint {
+                label: p.label,
+                scenario,
+            })
+        })
+        .collect()
+}
+
+/// The `[model]` table: a preset of the model catalogue.
+fn model(c: &Check, m: &RawModel) -> Result<ModelConfig, ScenarioError> {
+    match crate::model::preset(&m.preset) {
+        Some(p) => Ok(p.model.clone()),
+        None => Err(c.err(
+            "model.preset",
+            format!(
+                "unknown model {:?}; expected one of {}",
+                m.preset,
+                crate::model::catalogue::names()
+            ),
+        )),
+    }
+}
+
+/// The `[serving]` table: tensor parallelism, the KV block pool that fits beside the weights
+/// (`num_blocks`, see [`crate::serving::instance`]), batching limits and the router.
+fn serving(
+    c: &Check,
+    s: &RawServing,
+    hardware: &HardwareSpec,
+    model: &ModelConfig,
+) -> Result<Serving, ScenarioError> {
     let tp = c.count("serving.tensor_parallel", s.tensor_parallel, 64)?;
     if !hardware.gpus_per_node.is_multiple_of(tp) {
         return Err(c.err(
@@ -234,7 +304,7 @@ fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenar
             ),
         ));
     }
-    let serving = Serving {
+    Ok(Serving {
         tensor_parallel: tp,
         router: s.router,
         instance: InstanceConfig {
@@ -253,30 +323,11 @@ fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenar
             )?,
         },
         iteration_overhead: Nanos::from_secs_f64(s.iteration_overhead_us / 1e6),
-    };
+    })
+}
 
-    let workload = workload(&c, file, &r.workload)?;
-    if let WorkloadSpec::Generated(w) = &workload
-        && u64::from(w.max_prompt_tokens()) > model.max_context
-    {
-        return Err(c.err(
-            "workload.context_tokens",
-            format!(
-                "prompts of up to {} tokens (system prompt, context and question) do not fit in \
-                 the context of {} ({} tokens)",
-                w.max_prompt_tokens(),
-                model.name,
-                model.max_context
-            ),
-        ));
-    }
-    if model.vocab < 4 {
-        return Err(c.err("model.preset", "vocabulary too small to generate prompts"));
-    }
-
-    let store = validate_store(&c, &r.store, &hardware, &model, block_size)?;
-
-    let l = &r.limits;
+/// The `[limits]` table of a simulation.
+fn limits(c: &Check, l: &RawLimits) -> Result<Limits, ScenarioError> {
     if l.max_events == 0 {
         return Err(c.err("limits.max_events", "expected a positive integer, found 0"));
     }
@@ -286,43 +337,9 @@ fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenar
             "expected a positive integer, found 0",
         ));
     }
-    let limits = Limits {
+    Ok(Limits {
         max_events: l.max_events,
         max_time: Nanos::from_secs_f64(c.positive("limits.max_sim_time_s", l.max_sim_time_s)?),
         max_pending: l.max_pending_events.min(usize::MAX as u64) as usize,
-    };
-
-    Ok(Scenario {
-        name,
-        text: text.to_string(),
-        seed: r.seed,
-        policies: r.policies,
-        hardware,
-        model,
-        serving,
-        workload,
-        store,
-        limits,
-        points: Vec::new(),
     })
-}
-
-/// Expands `[sweep]`: every combination of the listed values (the first key varies slowest),
-/// each applied to the file's other keys and validated as a whole scenario.
-fn sweep_points(
-    file: &str,
-    name: &str,
-    text: &str,
-    sweep: &toml::Table,
-) -> Result<Vec<SweepPoint>, ScenarioError> {
-    sweep_texts(file, text, sweep)?
-        .into_iter()
-        .map(|p| {
-            let scenario = Scenario::parse(file, name, &p.text).map_err(|e| p.locate(file, e))?;
-            Ok(SweepPoint {
-                label: p.label,
-                scenario,
-            })
-        })
-        .collect()
 }

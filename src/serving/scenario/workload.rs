@@ -72,56 +72,7 @@ pub(super) fn workload(
             ));
         }
         (None, None) => return Err(missing("dataset")),
-        (Some(dataset), None) => {
-            for (key, set) in [
-                ("path", w.path.is_some()),
-                ("tokenizer", w.tokenizer.is_some()),
-                ("skip_bad_lines", w.skip_bad_lines.is_some()),
-                ("system_prompt", w.system_prompt.is_some()),
-            ] {
-                if set {
-                    return Err(c.err(
-                        &format!("workload.{key}"),
-                        "only used when replaying a file (`source = ...`)",
-                    ));
-                }
-            }
-            let output = output_dist(
-                c,
-                w.output_tokens
-                    .as_ref()
-                    .ok_or_else(|| missing("output_tokens"))?,
-            )?;
-            let system_prompt_tokens = w
-                .system_prompt_tokens
-                .unwrap_or_else(default_system_prompt_tokens);
-            if system_prompt_tokens > MAX_TOKENS {
-                return Err(c.err(
-                    "workload.system_prompt_tokens",
-                    format!("expected at most {MAX_TOKENS}, found {system_prompt_tokens}"),
-                ));
-            }
-            return Ok(WorkloadSpec::Generated(QaWorkload {
-                dataset: match dataset {
-                    RawDataset::Squad => Dataset::Squad,
-                    RawDataset::Wikiqa => Dataset::Wikiqa,
-                },
-                requests: c.count(
-                    "workload.requests",
-                    w.requests.ok_or_else(|| missing("requests"))?,
-                    MAX_REQUESTS,
-                )?,
-                arrival_rate_per_s: c.positive(
-                    "workload.arrival_rate_per_s",
-                    w.arrival_rate_per_s
-                        .ok_or_else(|| missing("arrival_rate_per_s"))?,
-                )?,
-                order,
-                context,
-                system_prompt_tokens,
-                output,
-            }));
-        }
+        (Some(dataset), None) => return generated(c, w, dataset, order, context),
         (None, Some(s)) => match s {
             RawSource::SquadJson => Source::SquadJson,
             RawSource::WikiqaTsv => Source::WikiqaTsv,
@@ -130,6 +81,78 @@ pub(super) fn workload(
             RawSource::Canonical => Source::Canonical,
         },
     };
+    replay(c, file, w, source, order, context)
+}
+
+/// A built-in generator (`dataset = ...`).
+fn generated(
+    c: &Check,
+    w: &RawWorkload,
+    dataset: RawDataset,
+    order: Order,
+    context: ContextMode,
+) -> Result<WorkloadSpec, ScenarioError> {
+    let missing = |key: &str| c.err("workload", format!("missing field `{key}`"));
+    for (key, set) in [
+        ("path", w.path.is_some()),
+        ("tokenizer", w.tokenizer.is_some()),
+        ("skip_bad_lines", w.skip_bad_lines.is_some()),
+        ("system_prompt", w.system_prompt.is_some()),
+    ] {
+        if set {
+            return Err(c.err(
+                &format!("workload.{key}"),
+                "only used when replaying a file (`source = ...`)",
+            ));
+        }
+    }
+    let output = output_dist(
+        c,
+        w.output_tokens
+            .as_ref()
+            .ok_or_else(|| missing("output_tokens"))?,
+    )?;
+    let system_prompt_tokens = w
+        .system_prompt_tokens
+        .unwrap_or_else(default_system_prompt_tokens);
+    if system_prompt_tokens > MAX_TOKENS {
+        return Err(c.err(
+            "workload.system_prompt_tokens",
+            format!("expected at most {MAX_TOKENS}, found {system_prompt_tokens}"),
+        ));
+    }
+    Ok(WorkloadSpec::Generated(QaWorkload {
+        dataset: match dataset {
+            RawDataset::Squad => Dataset::Squad,
+            RawDataset::Wikiqa => Dataset::Wikiqa,
+        },
+        requests: c.count(
+            "workload.requests",
+            w.requests.ok_or_else(|| missing("requests"))?,
+            MAX_REQUESTS,
+        )?,
+        arrival_rate_per_s: c.positive(
+            "workload.arrival_rate_per_s",
+            w.arrival_rate_per_s
+                .ok_or_else(|| missing("arrival_rate_per_s"))?,
+        )?,
+        order,
+        context,
+        system_prompt_tokens,
+        output,
+    }))
+}
+
+/// A replayed dataset or trace file (`source = ...`), its path relative to the scenario file.
+fn replay(
+    c: &Check,
+    file: &str,
+    w: &RawWorkload,
+    source: Source,
+    order: Order,
+    context: ContextMode,
+) -> Result<WorkloadSpec, ScenarioError> {
+    let missing = |key: &str| c.err("workload", format!("missing field `{key}`"));
     if w.system_prompt_tokens.is_some() {
         return Err(c.err(
             "workload.system_prompt_tokens",
