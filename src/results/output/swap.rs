@@ -100,7 +100,14 @@ pub(super) fn swap_into_place(
             Err(e) => return Err(io_err(target)(e)),
             Ok(_) => {}
         }
-        replaceable(target).map_err(|reason| refused(target, reason))?;
+        if let Err(reason) = replaceable(target) {
+            // Another writer (on the two-rename path) may have moved it aside just now: look
+            // again in the next round rather than refuse.
+            if fs::symlink_metadata(target).is_err_and(|e| e.kind() == io::ErrorKind::NotFound) {
+                continue;
+            }
+            return Err(refused(target, reason));
+        }
         let old = match exchange(tmp, target) {
             Ok(true) => tmp.to_path_buf(),
             Ok(false) => {

@@ -83,34 +83,7 @@ pub fn read(path: &Path, max_requests: Option<u32>) -> Result<Loaded, TraceError
         .next()
         .expect("read_bytes rejects files without a non-blank line")?;
     let h: Header = parse(path, hn, htext)?;
-    if h.format != FORMAT_TAG {
-        return Err(TraceError::at(
-            path,
-            hn,
-            "format",
-            format!("expected {FORMAT_TAG:?}, found {:?}", h.format),
-        ));
-    }
-    if h.version != 1 {
-        return Err(TraceError::at(
-            path,
-            hn,
-            "version",
-            format!("expected 1, found {}", h.version),
-        ));
-    }
-    if !(1..=1 << 20).contains(&h.block_size) {
-        return Err(TraceError::at(
-            path,
-            hn,
-            "block_size",
-            format!(
-                "expected tokens from 1 to {}, found {}",
-                1 << 20,
-                h.block_size
-            ),
-        ));
-    }
+    check_header(path, hn, &h)?;
     let mut arena = TokenArena::default();
     let mut pseudo = Vec::new();
     let mut requests: Vec<Request> = Vec::new();
@@ -125,101 +98,12 @@ pub fn read(path: &Path, max_requests: Option<u32>) -> Result<Loaded, TraceError
         let line: Line = parse(path, n, text)?;
         let err = |field: &str, msg: String| TraceError::at(path, n, field, msg);
         if let Some(id) = line.segment {
-            if line.arrival_ns.is_some()
-                || line.prompt.is_some()
-                || line.output_tokens.is_some()
-                || line.context.is_some()
-            {
-                return Err(err("segment", "a segment line has no request keys".into()));
-            }
-            if id as usize != arena.segments() {
-                return Err(err(
-                    "segment",
-                    format!(
-                        "expected segment {} (numbered in order), found {id}",
-                        arena.segments()
-                    ),
-                ));
-            }
-            let added = match (&line.tokens, line.pseudo_key, line.len) {
-                (Some(t), None, None) => t.len() as u64,
-                (None, Some(_), Some(len)) if (1..=MAX_LENGTH as u32).contains(&len) => len as u64,
-                (None, Some(_), Some(len)) => {
-                    return Err(err(
-                        "len",
-                        format!("expected 1 to {MAX_LENGTH} tokens, found {len}"),
-                    ));
-                }
-                _ => {
-                    return Err(err(
-                        "tokens",
-                        "expected either `tokens` or both `pseudo_key` and `len`".into(),
-                    ));
-                }
-            };
-            if arena.total_tokens() as u64 + added > MAX_ARENA_TOKENS {
-                return Err(err(
-                    "tokens",
-                    format!("more than {MAX_ARENA_TOKENS} tokens in all segments"),
-                ));
-            }
-            match line.pseudo_key {
-                Some(key) => {
-                    let len = line.len.unwrap_or(0) as u64;
-                    arena.push(pseudo_tokens(key, len, PSEUDO_VOCAB));
-                    pseudo.push(Some(key));
-                }
-                None => {
-                    arena.push(line.tokens.unwrap_or_default());
-                    pseudo.push(None);
-                }
-            }
+            segment(&line, id, &mut arena, &mut pseudo).map_err(|(f, m)| err(f, m))?;
             continue;
         }
-        if line.tokens.is_some() || line.pseudo_key.is_some() || line.len.is_some() {
-            return Err(err("segment", "segment keys without `segment`".into()));
-        }
-        let arrival = Nanos(
-            line.arrival_ns
-                .ok_or_else(|| err("arrival_ns", "missing".into()))?,
-        );
-        let prompt = line.prompt.ok_or_else(|| err("prompt", "missing".into()))?;
-        let output = line
-            .output_tokens
-            .ok_or_else(|| err("output_tokens", "missing".into()))?;
-        if !(1..=MAX_LENGTH as u32).contains(&output) {
-            return Err(err(
-                "output_tokens",
-                format!("expected 1 to {MAX_LENGTH}, found {output}"),
-            ));
-        }
-        if let Some(prev) = requests.last()
-            && prev.arrival > arrival
-        {
-            return Err(err(
-                "arrival_ns",
-                format!(
-                    "arrivals must not decrease: {} after {}",
-                    arrival.0, prev.arrival.0
-                ),
-            ));
-        }
-        let mut tokens = 0u64;
-        for &s in &prompt {
-            if s as usize >= arena.segments() {
-                return Err(err(
-                    "prompt",
-                    format!("segment {s} is not defined before this line"),
-                ));
-            }
-            tokens += arena.segment(SegId(s)).len() as u64;
-        }
-        if !(1..=MAX_LENGTH as u64).contains(&tokens) {
-            return Err(err(
-                "prompt",
-                format!("expected 1 to {MAX_LENGTH} tokens, found {tokens}"),
-            ));
-        }
+        let previous = requests.last().map(|r: &Request| r.arrival);
+        let (arrival, prompt, output, tokens) =
+            request(&line, previous, &arena).map_err(|(f, m)| err(f, m))?;
         let context = line.context.unwrap_or(0);
         contexts = contexts.max(context.saturating_add(1));
         request_lines.push(n);
@@ -246,6 +130,155 @@ pub fn read(path: &Path, max_requests: Option<u32>) -> Result<Loaded, TraceError
         pseudo,
         lines: request_lines,
     })
+}
+
+/// A line's error: the field at fault and the message.
+type LineError = (&'static str, String);
+
+/// Checks the header line `n`.
+fn check_header(path: &Path, n: usize, h: &Header) -> Result<(), TraceError> {
+    if h.format != FORMAT_TAG {
+        return Err(TraceError::at(
+            path,
+            n,
+            "format",
+            format!("expected {FORMAT_TAG:?}, found {:?}", h.format),
+        ));
+    }
+    if h.version != 1 {
+        return Err(TraceError::at(
+            path,
+            n,
+            "version",
+            format!("expected 1, found {}", h.version),
+        ));
+    }
+    if !(1..=1 << 20).contains(&h.block_size) {
+        return Err(TraceError::at(
+            path,
+            n,
+            "block_size",
+            format!(
+                "expected tokens from 1 to {}, found {}",
+                1 << 20,
+                h.block_size
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Adds segment line `id` to the arena (and its pseudo key, if any).
+fn segment(
+    line: &Line,
+    id: u32,
+    arena: &mut TokenArena,
+    pseudo: &mut Vec<Option<u64>>,
+) -> Result<(), LineError> {
+    if line.arrival_ns.is_some()
+        || line.prompt.is_some()
+        || line.output_tokens.is_some()
+        || line.context.is_some()
+    {
+        return Err(("segment", "a segment line has no request keys".into()));
+    }
+    if id as usize != arena.segments() {
+        return Err((
+            "segment",
+            format!(
+                "expected segment {} (numbered in order), found {id}",
+                arena.segments()
+            ),
+        ));
+    }
+    let added = match (&line.tokens, line.pseudo_key, line.len) {
+        (Some(t), None, None) => t.len() as u64,
+        (None, Some(_), Some(len)) if (1..=MAX_LENGTH as u32).contains(&len) => len as u64,
+        (None, Some(_), Some(len)) => {
+            return Err((
+                "len",
+                format!("expected 1 to {MAX_LENGTH} tokens, found {len}"),
+            ));
+        }
+        _ => {
+            return Err((
+                "tokens",
+                "expected either `tokens` or both `pseudo_key` and `len`".into(),
+            ));
+        }
+    };
+    if arena.total_tokens() as u64 + added > MAX_ARENA_TOKENS {
+        return Err((
+            "tokens",
+            format!("more than {MAX_ARENA_TOKENS} tokens in all segments"),
+        ));
+    }
+    match line.pseudo_key {
+        Some(key) => {
+            let len = line.len.unwrap_or(0) as u64;
+            arena.push(pseudo_tokens(key, len, PSEUDO_VOCAB));
+            pseudo.push(Some(key));
+        }
+        None => {
+            arena.push(line.tokens.clone().unwrap_or_default());
+            pseudo.push(None);
+        }
+    }
+    Ok(())
+}
+
+/// A request line: its arrival (not before `previous`), prompt segments, output length and
+/// prompt tokens.
+fn request(
+    line: &Line,
+    previous: Option<Nanos>,
+    arena: &TokenArena,
+) -> Result<(Nanos, Vec<u32>, u32, u64), LineError> {
+    if line.tokens.is_some() || line.pseudo_key.is_some() || line.len.is_some() {
+        return Err(("segment", "segment keys without `segment`".into()));
+    }
+    let arrival = Nanos(
+        line.arrival_ns
+            .ok_or(("arrival_ns", "missing".to_string()))?,
+    );
+    let prompt = line
+        .prompt
+        .clone()
+        .ok_or(("prompt", "missing".to_string()))?;
+    let output = line
+        .output_tokens
+        .ok_or(("output_tokens", "missing".to_string()))?;
+    if !(1..=MAX_LENGTH as u32).contains(&output) {
+        return Err((
+            "output_tokens",
+            format!("expected 1 to {MAX_LENGTH}, found {output}"),
+        ));
+    }
+    if let Some(prev) = previous
+        && prev > arrival
+    {
+        return Err((
+            "arrival_ns",
+            format!("arrivals must not decrease: {} after {}", arrival.0, prev.0),
+        ));
+    }
+    let mut tokens = 0u64;
+    for &s in &prompt {
+        if s as usize >= arena.segments() {
+            return Err((
+                "prompt",
+                format!("segment {s} is not defined before this line"),
+            ));
+        }
+        tokens += arena.segment(SegId(s)).len() as u64;
+    }
+    if !(1..=MAX_LENGTH as u64).contains(&tokens) {
+        return Err((
+            "prompt",
+            format!("expected 1 to {MAX_LENGTH} tokens, found {tokens}"),
+        ));
+    }
+    Ok((arrival, prompt, output, tokens))
 }
 
 /// Writes `loaded` in the canonical format: header, every segment, every request.
