@@ -19,6 +19,7 @@
 pub mod actor;
 pub mod backend;
 pub mod exec;
+pub mod experiment;
 pub mod hardware;
 pub mod hash;
 pub mod live;

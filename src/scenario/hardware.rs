@@ -92,7 +92,7 @@ pub(crate) fn hardware(c: &Check, h: &RawHardware) -> Result<HardwareSpec, Scena
             format!("more than {MAX_GPUS} GPUs in all"),
         ));
     }
-    let gpu = gpu_spec(&c, "hardware.gpu", &h.gpu)?;
+    let gpu = gpu_spec(c, "hardware.gpu", &h.gpu)?;
     let host = HostSpec {
         memory_bytes: (c.positive("hardware.host.memory_gib", h.host.memory_gib)? * GIB as f64)
             as u64,

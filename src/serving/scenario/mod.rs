@@ -266,7 +266,7 @@ fn serving(
         ));
     }
     let reserve = (s.memory_reserve_gib * GIB as f64) as u64;
-    let kv = kv_bytes_per_instance(&hardware, &model, tp, reserve);
+    let kv = kv_bytes_per_instance(hardware, model, tp, reserve);
     let block_bytes = block_size as i128 * model.kv_bytes_per_token() as i128;
     if kv < block_bytes {
         let gib = |b: f64| b / GIB as f64;

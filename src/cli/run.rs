@@ -1,0 +1,170 @@
+//! `meshsim run` and `meshsim check`: one path for scenarios of both systems, through
+//! [`meshsim::experiment::Experiment`].
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use super::{EXIT_FAILED, bad, refused};
+use meshsim::experiment::Experiment;
+use meshsim::results::output;
+
+/// `meshsim check`: validate and describe, run nothing.
+pub(crate) fn check(scenario: &Path) -> ExitCode {
+    match Experiment::load(scenario) {
+        Ok(x) => {
+            print!("{}", x.describe());
+            println!("ok");
+            ExitCode::SUCCESS
+        }
+        Err(e) => bad(e),
+    }
+}
+
+/// `meshsim run`: validate, check the output folder, run every policy (or decode mode) at
+/// every sweep point, write the results folder, print a line per run.
+pub(crate) fn run(
+    scenario: &Path,
+    seed: Option<u64>,
+    out: Option<PathBuf>,
+    threads: Option<usize>,
+    quiet: bool,
+    live_flag: bool,
+) -> ExitCode {
+    let file = scenario.display().to_string();
+    let mut x = match Experiment::load(scenario) {
+        Ok(x) => x,
+        Err(e) => return bad(e),
+    };
+    if let Some(seed) = seed {
+        x.set_seed(seed);
+    }
+    if live_flag && let Err(e) = x.set_live(&file) {
+        return bad(e);
+    }
+    if let Err(e) = x.check_live(&file) {
+        return bad(e);
+    }
+    let dir = out.unwrap_or_else(|| x.default_dir(live_flag));
+    if let Err(e) = output::check_out_dir(&dir) {
+        return refused(e);
+    }
+    if !quiet {
+        print!("{}", x.describe());
+    }
+    let started = Instant::now();
+    let threads =
+        threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let what = if x.is_live() {
+        "serving on the live host".to_string()
+    } else {
+        format!("simulating {} runs", x.simulations())
+    };
+    let spinner = Spinner::start(!quiet, what);
+    let runs = x.run(threads);
+    spinner.stop();
+    let runs = match runs {
+        Ok(r) => r,
+        Err(e) if e.is_bad_input() => return bad(e),
+        Err(e) => {
+            eprintln!("error: {e}");
+            eprintln!(
+                "reproduce with: meshsim run {file}{} --seed {}",
+                if live_flag { " --live" } else { "" },
+                x.seed()
+            );
+            return ExitCode::from(EXIT_FAILED);
+        }
+    };
+    for (sm, wall) in runs.summaries() {
+        tracing::info!(
+            policy = sm.policy,
+            events = sm.events,
+            wall_s = wall.as_secs_f64(),
+            "run finished"
+        );
+    }
+    let written = match x.write(&runs, &dir) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("error: cannot write results to {}: {e}", dir.display());
+            return ExitCode::from(EXIT_FAILED);
+        }
+    };
+    tracing::info!(
+        files = written.plot_files.len(),
+        plot_s = written.plot_time.as_secs_f64(),
+        "plots and report written"
+    );
+    if !quiet {
+        let mut events = 0;
+        for (sm, wall) in runs.summaries() {
+            events += sm.events;
+            println!("{}", x.console_line(sm, wall));
+        }
+        let wall = started.elapsed().as_secs_f64();
+        let unit = if x.is_live() { "messages" } else { "events" };
+        println!(
+            "  {events} {unit} processed, {:.2} M {unit}/s overall, wall time {wall:.2} s; results in {}",
+            events as f64 / wall / 1e6,
+            dir.display()
+        );
+        println!(
+            "  plots ({} files) and report.md drawn in {:.3} s",
+            written.plot_files.len().saturating_sub(1),
+            written.plot_time.as_secs_f64()
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+/// A spinner on stdout while policies are simulated, shown only when stdout is a terminal and
+/// the simulation lasts more than a second. Console only: nothing of it reaches result files.
+struct Spinner {
+    done: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Spinner {
+    fn start(enabled: bool, msg: String) -> Spinner {
+        if !enabled || !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+            return Spinner {
+                done: None,
+                thread: None,
+            };
+        }
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            use std::sync::mpsc::RecvTimeoutError;
+            // Finished (or the sender dropped) within a second: never shown.
+            if rx.recv_timeout(Duration::from_secs(1)) != Err(RecvTimeoutError::Timeout) {
+                return;
+            }
+            let bar = indicatif::ProgressBar::with_draw_target(
+                None,
+                indicatif::ProgressDrawTarget::stdout(),
+            );
+            // The template is a valid literal, so building the style cannot fail.
+            let style = indicatif::ProgressStyle::with_template("  {spinner} {msg} ({elapsed})")
+                .expect("valid spinner template");
+            bar.set_style(style);
+            bar.set_message(msg);
+            bar.enable_steady_tick(Duration::from_millis(100));
+            let _ = rx.recv();
+            bar.finish_and_clear();
+        });
+        Spinner {
+            done: Some(tx),
+            thread: Some(thread),
+        }
+    }
+
+    fn stop(mut self) {
+        if let Some(tx) = self.done.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

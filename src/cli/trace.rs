@@ -1,0 +1,218 @@
+//! `meshsim trace stats` and `meshsim trace convert`: datasets and traces without a scenario.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Args, Subcommand};
+
+use super::{EXIT_BAD_INPUT, EXIT_FAILED, refused};
+use meshsim::results::output;
+use meshsim::workload::qa::{ContextMode, Order, OutputDist};
+use meshsim::workload::replay::{self, Loaded, ReplaySpec, Source};
+use meshsim::workload::stats::TraceStats;
+
+#[derive(Subcommand)]
+pub(crate) enum TraceCommand {
+    /// Print requests, length distributions, arrival rate and prefix-reuse potential.
+    Stats {
+        #[command(flatten)]
+        load: LoadArgs,
+        /// LRU cache capacities in tokens, comma-separated (e.g. 3000000,10000000).
+        #[arg(long, value_delimiter = ',')]
+        lru: Vec<u64>,
+        /// Block size of the reuse analysis (default: the format's, 512 for Mooncake, else 16).
+        #[arg(long)]
+        block_size: Option<u32>,
+    },
+    /// Convert any supported file to meshsim's canonical trace (JSONL).
+    Convert {
+        #[command(flatten)]
+        load: LoadArgs,
+        /// The canonical trace to write.
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+#[derive(Args)]
+pub(crate) struct LoadArgs {
+    /// The dataset or trace file.
+    file: PathBuf,
+    /// squad-json, wikiqa-tsv, mooncake-jsonl, vidur-csv or canonical (default: from the
+    /// file's extension; a .jsonl file is canonical if its header says so).
+    #[arg(long, value_parser = parse_source)]
+    format: Option<Source>,
+    /// A Hugging Face tokenizer.json for exact token ids (datasets; default: the estimate).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Keep at most this many requests.
+    #[arg(long)]
+    requests: Option<u32>,
+    /// Skip (and count) malformed lines instead of failing.
+    #[arg(long)]
+    skip_bad_lines: bool,
+    /// Datasets: context = window of at most this many tokens (default: the paragraph).
+    #[arg(long)]
+    context_tokens: Option<u32>,
+    /// Datasets: shuffle questions with the seed (default: grouped by document).
+    #[arg(long)]
+    shuffle: bool,
+    /// Datasets: Poisson arrival rate (requests/s).
+    #[arg(long, default_value_t = 1.0)]
+    rate: f64,
+    /// Datasets: fixed output length (tokens).
+    #[arg(long, default_value_t = 64)]
+    output_tokens: u32,
+    /// Datasets: seed for order, arrivals and outputs.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+fn parse_source(s: &str) -> Result<Source, String> {
+    Source::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = Source::ALL.iter().map(|s| s.name()).collect();
+        format!("expected one of {}", names.join(", "))
+    })
+}
+
+impl LoadArgs {
+    fn load(&self) -> Result<Loaded, String> {
+        let source = match self.format {
+            Some(f) => f,
+            None => Source::guess(&self.file).ok_or_else(|| {
+                format!(
+                    "{}: cannot tell the format from the name; give --format",
+                    self.file.display()
+                )
+            })?,
+        };
+        if !(self.rate.is_finite() && self.rate > 0.0) {
+            return Err(format!(
+                "--rate: expected a positive number, found {}",
+                self.rate
+            ));
+        }
+        if self.output_tokens == 0 || self.context_tokens == Some(0) {
+            return Err("--output-tokens and --context-tokens must be positive".into());
+        }
+        let mut spec = ReplaySpec::new(source, &self.file);
+        spec.tokenizer = self.tokenizer.clone();
+        spec.max_requests = self.requests;
+        spec.skip_bad_lines = self.skip_bad_lines;
+        spec.qa.arrival_rate_per_s = self.rate;
+        spec.qa.order = if self.shuffle {
+            Order::Shuffled
+        } else {
+            Order::Grouped
+        };
+        spec.qa.context = match self.context_tokens {
+            Some(tokens) => ContextMode::Window { tokens },
+            None => ContextMode::Unit,
+        };
+        spec.qa.output = OutputDist::Fixed {
+            tokens: self.output_tokens,
+        };
+        replay::load(&spec, self.seed).map_err(|e| e.to_string())
+    }
+}
+
+fn opt(v: Option<u32>) -> String {
+    v.map_or("-".into(), |v| v.to_string())
+}
+
+fn trace_stats(load: &LoadArgs, lru: &[u64], block_size: Option<u32>) -> ExitCode {
+    let started = Instant::now();
+    let l = match load.load() {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_BAD_INPUT);
+        }
+    };
+    let loaded_s = started.elapsed().as_secs_f64();
+    let bs = match block_size {
+        Some(0) => {
+            eprintln!("error: --block-size: expected a positive number");
+            return ExitCode::from(EXIT_BAD_INPUT);
+        }
+        Some(b) => b,
+        None => l.block_size,
+    };
+    let st = TraceStats::of(&l.trace, bs, lru);
+    println!("trace {} ({})", load.file.display(), l.source.name());
+    let contexts = if l.source.is_dataset() {
+        format!("; contexts {}", st.contexts)
+    } else {
+        String::new()
+    };
+    println!(
+        "  requests {}; documents {}, units {}, questions {}{contexts}; skipped lines {}",
+        st.requests,
+        opt(l.documents),
+        opt(l.units),
+        opt(l.questions),
+        l.skipped_lines
+    );
+    for (name, d) in [("prompt", st.prompt), ("output", st.output)] {
+        println!(
+            "  {name} tokens: mean {:.1}, p50 {}, p90 {}, p99 {}, max {}",
+            d.mean, d.p50, d.p90, d.p99, d.max
+        );
+    }
+    println!(
+        "  arrivals: {} requests over {:.1} s = {:.3} requests/s",
+        st.requests, st.duration_s, st.arrival_rate_per_s
+    );
+    println!(
+        "  prefix-hit ratio (blocks of {} tokens): unbounded cache {:.2}%",
+        st.block_size,
+        100.0 * st.unbounded_hit_ratio
+    );
+    for (cap, hit) in &st.lru_hit_ratio {
+        println!("    LRU cache of {cap} tokens: {:.2}%", 100.0 * hit);
+    }
+    eprintln!(
+        "  (loaded in {loaded_s:.2} s, analysed in {:.2} s)",
+        started.elapsed().as_secs_f64() - loaded_s
+    );
+    ExitCode::SUCCESS
+}
+
+fn trace_convert(load: &LoadArgs, out: &Path) -> ExitCode {
+    let replaces = output::Replaces::Header(output::TRACE_HEADER);
+    if let Err(e) = output::check_out_file(out, replaces) {
+        return refused(e);
+    }
+    let l = match load.load() {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_BAD_INPUT);
+        }
+    };
+    let written = output::write_file_atomically(out, replaces, |w| replay::canonical::write(&l, w));
+    if let Err(e) = written {
+        eprintln!("error: {e}");
+        return ExitCode::from(EXIT_FAILED);
+    }
+    println!(
+        "wrote {} requests and {} segments to {}",
+        l.trace.requests.len(),
+        l.trace.arena.segments(),
+        out.display()
+    );
+    ExitCode::SUCCESS
+}
+
+/// Runs a `meshsim trace` subcommand.
+pub(crate) fn trace(command: &TraceCommand) -> ExitCode {
+    match command {
+        TraceCommand::Stats {
+            load,
+            lru,
+            block_size,
+        } => trace_stats(load, lru, *block_size),
+        TraceCommand::Convert { load, out } => trace_convert(load, out),
+    }
+}

@@ -1,0 +1,339 @@
+//! One way to run a scenario file of either system: `meshsim run` and `meshsim check` go
+//! through [`Experiment`], which loads the file as a serving or a pipeline scenario (a
+//! top-level `[pipeline]` table decides), runs it on the simulator (or, for pipelines, on the
+//! live host), writes its results folder, and describes it for the console.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::live::LiveError;
+use crate::metrics::Summary;
+use crate::pipeline::run::{self as pipeline_run, PipelineRun};
+use crate::pipeline::scenario::{Arrivals, CostSource, PipelineScenario, mode_name};
+use crate::results::Written;
+use crate::scenario::ScenarioError;
+use crate::serving::run::{self as serving_run, PolicyRun};
+use crate::serving::scenario::Scenario;
+use crate::sim::kernel::SimError;
+use crate::units::GIB;
+use crate::workload::{TraceError, WorkloadSpec};
+
+/// A validated scenario of either system.
+#[derive(Clone, Debug)]
+pub enum Experiment {
+    Serving(Box<Scenario>),
+    Pipeline(Box<PipelineScenario>),
+}
+
+/// The runs of an experiment, in order (sweep points, then policies or decode modes).
+#[derive(Debug)]
+pub enum Runs {
+    Serving(Vec<PolicyRun>),
+    Pipeline(Vec<PipelineRun>),
+}
+
+/// Why an experiment did not run to the end.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// A dataset or trace file is bad input (exit status 2).
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+    /// A simulation broke a limit or an invariant.
+    #[error(transparent)]
+    Sim(#[from] SimError),
+    /// A live run failed.
+    #[error(transparent)]
+    Live(#[from] LiveError),
+}
+
+impl RunError {
+    /// Whether the input was at fault, rather than the run.
+    pub fn is_bad_input(&self) -> bool {
+        matches!(self, RunError::Trace(_))
+    }
+}
+
+impl Runs {
+    /// Each run's summary and wall-clock time (console only).
+    pub fn summaries(&self) -> Vec<(&Summary, Duration)> {
+        match self {
+            Runs::Serving(r) => r.iter().map(|r| (&r.summary, r.wall)).collect(),
+            Runs::Pipeline(r) => r.iter().map(|r| (&r.summary, r.wall)).collect(),
+        }
+    }
+}
+
+impl Experiment {
+    /// Reads and validates a scenario file of either kind.
+    pub fn load(path: &Path) -> Result<Experiment, ScenarioError> {
+        if crate::pipeline::scenario::is_pipeline_file(path) {
+            PipelineScenario::load(path).map(|s| Experiment::Pipeline(Box::new(s)))
+        } else {
+            Scenario::load(path).map(|s| Experiment::Serving(Box::new(s)))
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        match self {
+            Experiment::Serving(s) => &s.name,
+            Experiment::Pipeline(s) => &s.name,
+        }
+    }
+
+    pub fn seed(&self) -> u64 {
+        match self {
+            Experiment::Serving(s) => s.seed,
+            Experiment::Pipeline(s) => s.seed,
+        }
+    }
+
+    /// Replaces the seed (and every sweep point's).
+    pub fn set_seed(&mut self, seed: u64) {
+        match self {
+            Experiment::Serving(s) => s.set_seed(seed),
+            Experiment::Pipeline(s) => s.set_seed(seed),
+        }
+    }
+
+    /// Whether the experiment runs on the live host.
+    pub fn is_live(&self) -> bool {
+        matches!(self, Experiment::Pipeline(s) if s.live)
+    }
+
+    /// `meshsim run --live`: run on the live host, and record `mode = "live"` in the results'
+    /// copy of the scenario. Only pipeline scenarios run live so far.
+    pub fn set_live(&mut self, file: &str) -> Result<(), ScenarioError> {
+        match self {
+            Experiment::Serving(_) => Err(ScenarioError {
+                file: file.to_string(),
+                key: String::new(),
+                message: "--live needs a pipeline scenario (one with a [pipeline] table)".into(),
+                line_col: None,
+            }),
+            Experiment::Pipeline(s) => {
+                s.live = true;
+                s.text = crate::pipeline::scenario::with_live_mode(&s.text);
+                Ok(())
+            }
+        }
+    }
+
+    /// Checks what only a live run needs (sizes a CPU can hold); `Ok` for simulations.
+    pub fn check_live(&self, file: &str) -> Result<(), ScenarioError> {
+        match self {
+            Experiment::Pipeline(s) if s.live => s.check_live(file),
+            _ => Ok(()),
+        }
+    }
+
+    /// Simulations (policies or modes at every sweep point) to run.
+    pub fn simulations(&self) -> usize {
+        match self {
+            Experiment::Serving(s) => s.policies.len() * s.points.len().max(1),
+            Experiment::Pipeline(s) => s.modes.len() * s.points.len().max(1),
+        }
+    }
+
+    /// Runs every policy (or decode mode) at every sweep point: simulations on up to `threads`
+    /// threads (results do not depend on the count), live runs one after another on a tokio
+    /// runtime of their own.
+    pub fn run(&self, threads: usize) -> Result<Runs, RunError> {
+        match self {
+            Experiment::Serving(s) => match serving_run::simulate_experiment(s, threads) {
+                Ok(r) => Ok(Runs::Serving(r)),
+                Err(serving_run::RunError::Trace(e)) => Err(e.into()),
+                Err(serving_run::RunError::Sim(e)) => Err(e.into()),
+            },
+            Experiment::Pipeline(s) if s.live => {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| LiveError::Actor(format!("cannot start tokio: {e}")))?;
+                Ok(Runs::Pipeline(rt.block_on(pipeline_run::live_all(s))?))
+            }
+            Experiment::Pipeline(s) => Ok(Runs::Pipeline(pipeline_run::simulate_all(s, threads)?)),
+        }
+    }
+
+    /// Writes the results folder of `runs` into `dir`.
+    pub fn write(&self, runs: &Runs, dir: &Path) -> std::io::Result<Written> {
+        match (self, runs) {
+            (Experiment::Serving(s), Runs::Serving(r)) => serving_run::write_results(s, r, dir),
+            (Experiment::Pipeline(s), Runs::Pipeline(r)) => pipeline_run::write_results(s, r, dir),
+            _ => Err(std::io::Error::other("runs of another kind of scenario")),
+        }
+    }
+
+    /// `results/<name>/`, or `results/<name>_live/` for a run made live by `--live`.
+    pub fn default_dir(&self, live_flag: bool) -> PathBuf {
+        let name = if live_flag {
+            format!("{}_live", self.name())
+        } else {
+            self.name().to_string()
+        };
+        Path::new("results").join(name)
+    }
+
+    /// What the scenario derives, for `meshsim check` and the start of `meshsim run`.
+    pub fn describe(&self) -> String {
+        match self {
+            Experiment::Serving(s) => describe_serving(s),
+            Experiment::Pipeline(s) => describe_pipeline(s),
+        }
+    }
+
+    /// One console line for a run's summary.
+    pub fn console_line(&self, sm: &Summary, wall: Duration) -> String {
+        let mut line = String::new();
+        if let Some(point) = &sm.point {
+            let _ = write!(line, "  [{point}]");
+        }
+        let _ = match self {
+            Experiment::Serving(_) => write!(
+                line,
+                "  {:<13} TTFT p50 {:>9.1} ms  p99 {:>9.1} ms | TPOT p50 {:>6.1} ms | hit {:>5.1}% | {:>9} events in {:.2} s ({:.2} M events/s)",
+                sm.policy,
+                sm.ttft.p50,
+                sm.ttft.p99,
+                sm.tpot.p50,
+                100.0 * sm.prefix_hit_ratio,
+                sm.events,
+                wall.as_secs_f64(),
+                sm.events as f64 / wall.as_secs_f64().max(1e-9) / 1e6
+            ),
+            Experiment::Pipeline(_) => write!(
+                line,
+                "  {:<10} TTFT p50 {:>9.1} ms  p99 {:>9.1} ms | TPOT p50 {:>7.2} ms | {:>8.1} output tokens/s | {} re-prefills | {:.2} s",
+                sm.policy,
+                sm.ttft.p50,
+                sm.ttft.p99,
+                sm.tpot.p50,
+                sm.output_tokens_per_s,
+                sm.preemptions,
+                wall.as_secs_f64()
+            ),
+        };
+        line
+    }
+}
+
+fn describe_serving(s: &Scenario) -> String {
+    let mut o = String::new();
+    let inst = s.serving.instance;
+    let kv_tok = s.model.kv_bytes_per_token();
+    let _ = writeln!(o, "scenario {} (seed {})", s.name, s.seed);
+    let _ = writeln!(
+        o,
+        "  hardware: {} nodes x {} {} = {} GPUs; {} serving instances (tensor parallel {})",
+        s.hardware.nodes,
+        s.hardware.gpus_per_node,
+        s.hardware.gpu.name,
+        s.hardware.total_gpus(),
+        s.instances(),
+        s.serving.tensor_parallel
+    );
+    let _ = writeln!(
+        o,
+        "  model: {} ({:.2} GiB of weights, {} KiB of KV per token)",
+        s.model.name,
+        s.model.weight_bytes() as f64 / GIB as f64,
+        kv_tok / 1024
+    );
+    let _ = writeln!(
+        o,
+        "  KV memory per instance: {} blocks of {} tokens = {} tokens ({:.2} GiB)",
+        inst.num_blocks,
+        inst.block_size,
+        inst.num_blocks as u64 * inst.block_size as u64,
+        (inst.num_blocks as u64 * inst.block_size as u64 * kv_tok) as f64 / GIB as f64
+    );
+    let workload = match &s.workload {
+        WorkloadSpec::Generated(w) => {
+            format!("{} requests at {} /s", w.requests, w.arrival_rate_per_s)
+        }
+        WorkloadSpec::Replay(r) => format!(
+            "{} from {}{}",
+            r.source.name(),
+            r.path.display(),
+            r.max_requests
+                .map_or(String::new(), |n| format!(" (at most {n} requests)"))
+        ),
+    };
+    let policies: Vec<&str> = s.policies.iter().map(|p| p.name()).collect();
+    let _ = writeln!(
+        o,
+        "  workload: {workload}; policies: {}",
+        policies.join(", ")
+    );
+    if !s.points.is_empty() {
+        let labels: Vec<&str> = s.points.iter().map(|p| p.label.as_str()).collect();
+        let _ = writeln!(o, "  sweep: {} points: {}", labels.len(), labels.join(", "));
+    }
+    o
+}
+
+fn describe_pipeline(s: &PipelineScenario) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "pipeline scenario {} (seed {})", s.name, s.seed);
+    let ranges: Vec<String> = s
+        .layers
+        .iter()
+        .map(|l| format!("{}..{}", l.start, l.end))
+        .collect();
+    let _ = writeln!(
+        o,
+        "  model: {} ({} layers, hidden {}) in {} shards: {}",
+        s.model.name,
+        s.model.layers,
+        s.model.hidden,
+        s.layers.len(),
+        ranges.join(", ")
+    );
+    let cost = match &s.cost {
+        CostSource::Analytic { gpu, .. } => format!("analytic roofline on {}", gpu.name),
+        CostSource::Profile { path, profile } => format!(
+            "measured profile {} ({} on {})",
+            path.display(),
+            profile.dtype,
+            profile.device
+        ),
+    };
+    let host = if s.live {
+        "live (candle, ractor)"
+    } else {
+        "simulated"
+    };
+    let _ = writeln!(
+        o,
+        "  host: {host}; step cost: {cost}; link {:.1} GB/s, {:.1} us one way",
+        s.link.bandwidth / 1e9,
+        s.link.latency.0 as f64 / 1e3
+    );
+    let _ = writeln!(
+        o,
+        "  session caches: {} sessions, TTL {:.0} s; head: {} sessions at once",
+        s.cache.max_sessions,
+        s.cache.ttl.as_secs_f64(),
+        s.max_active
+    );
+    let w = &s.workload;
+    let arrivals = match w.arrivals {
+        Arrivals::Poisson(r) => format!("at {r} /s (Poisson)"),
+        Arrivals::ClosedLoop => format!("in a closed loop of {} clients", s.max_active),
+    };
+    let modes: Vec<&str> = s.modes.iter().map(|m| mode_name(*m)).collect();
+    let _ = writeln!(
+        o,
+        "  workload: {} requests {arrivals}, {} prompt tokens, {} output tokens; modes: {}",
+        w.requests,
+        w.prompt_tokens,
+        w.output_tokens,
+        modes.join(", ")
+    );
+    if !s.points.is_empty() {
+        let labels: Vec<&str> = s.points.iter().map(|p| p.label.as_str()).collect();
+        let _ = writeln!(o, "  sweep: {} points: {}", labels.len(), labels.join(", "));
+    }
+    o
+}
