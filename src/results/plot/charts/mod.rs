@@ -6,13 +6,20 @@
 use std::error::Error;
 
 use plotters::coord::Shift;
-use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint, Ranged};
+use plotters::coord::ranged1d::Ranged;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use super::data::{Latencies, Results, SummaryRow, TpsSeries};
+use super::data::{Latencies, Results, SummaryRow};
 use super::font::FAMILY;
 use crate::metrics::Tier;
+
+mod axes;
+mod tps;
+
+pub(crate) use tps::tps_output;
+
+use axes::*;
 
 pub(crate) type DrawResult = Result<(), Box<dyn Error + Send + Sync>>;
 
@@ -56,100 +63,6 @@ fn policy_color(r: &Results, policy: &str) -> RGBColor {
 
 fn text(size: u32) -> TextStyle<'static> {
     TextStyle::from((FAMILY, size).into_font())
-}
-
-/// A tick label on an axis whose largest value is `top`: the same decimals on the whole axis.
-fn tick(v: f64, top: f64) -> String {
-    let top = top.abs();
-    if top >= 20.0 {
-        format!("{v:.0}")
-    } else if top >= 2.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.2}")
-    }
-}
-
-/// A logarithmic axis from `lo` to `hi` (both > 0) with ticks at 1, 2 and 5 times powers of
-/// ten (plotters' own log axis leaves decades unlabelled).
-#[derive(Clone, Copy)]
-struct LogAxis {
-    lo: f64,
-    hi: f64,
-}
-
-impl Ranged for LogAxis {
-    type FormatOption = DefaultFormatting;
-    type ValueType = f64;
-
-    fn map(&self, v: &f64, limit: (i32, i32)) -> i32 {
-        let (a, b) = (self.lo.log10(), self.hi.log10());
-        let frac = (v.max(f64::MIN_POSITIVE).log10() - a) / (b - a);
-        limit
-            .0
-            .saturating_add(((limit.1 - limit.0) as f64 * frac).round() as i32)
-    }
-
-    fn key_points<H: KeyPointHint>(&self, hint: H) -> Vec<f64> {
-        let mut steps: &[f64] = &[1.0, 2.0, 5.0];
-        let decades = (self.hi / self.lo).log10();
-        if decades * 3.0 > hint.max_num_points() as f64 {
-            steps = &[1.0];
-        }
-        let mut out = Vec::new();
-        let first = self.lo.log10().floor() as i32;
-        let last = self.hi.log10().ceil() as i32;
-        // Bounded: latencies span a few decades; 40 decades is far beyond any real range.
-        for k in first..=last.min(first + 40) {
-            for &m in steps {
-                let v = m * 10f64.powi(k);
-                if v >= self.lo && v <= self.hi {
-                    out.push(v);
-                }
-            }
-        }
-        out
-    }
-
-    fn range(&self) -> std::ops::Range<f64> {
-        self.lo..self.hi
-    }
-}
-
-/// A tick label on a log axis: as many decimals as the value needs, up to 3.
-fn log_tick(v: f64) -> String {
-    if v >= 1.0 {
-        format!("{v:.0}")
-    } else {
-        let s = format!("{v:.3}");
-        s.trim_end_matches('0').to_string()
-    }
-}
-
-/// A log axis range around the positive finite `values`, with some room on both sides;
-/// always finite, positive and non-empty (`1..10` when nothing else is).
-fn log_range(values: impl Iterator<Item = f64>) -> (f64, f64) {
-    let (lo, hi) = values
-        .filter(|v| v.is_finite() && *v > 0.0)
-        .fold((f64::INFINITY, 0.0f64), |(lo, hi), v| {
-            (lo.min(v), hi.max(v))
-        });
-    let (a, b) = (lo * 0.8, (hi * 1.25).max(lo * 2.0));
-    if hi <= 0.0 || !(a > 0.0 && b.is_finite() && a < b) {
-        (1.0, 10.0)
-    } else {
-        (a, b)
-    }
-}
-
-/// `top` as the end of a linear axis from 0 when it is finite and positive, else 1. plotters
-/// looks for the ticks of an infinite axis forever, so no input may make one.
-fn finite_top(top: f64) -> f64 {
-    if top.is_finite() && top > 0.0 {
-        top
-    } else {
-        1.0
-    }
 }
 
 /// The series legend, in the charts' common style.
@@ -267,30 +180,6 @@ where
     legend(&mut chart, SeriesLabelPosition::LowerRight)?;
     root.present()?;
     Ok(())
-}
-
-/// An x axis of `n` categories at 0, 1, ..., n - 1, each in a slot one unit wide.
-#[derive(Clone, Copy)]
-struct Categories(usize);
-
-impl Ranged for Categories {
-    type FormatOption = DefaultFormatting;
-    type ValueType = f64;
-
-    fn map(&self, v: &f64, limit: (i32, i32)) -> i32 {
-        let frac = (v + 0.5) / self.0.max(1) as f64;
-        limit
-            .0
-            .saturating_add(((limit.1 - limit.0) as f64 * frac).round() as i32)
-    }
-
-    fn key_points<H: KeyPointHint>(&self, _: H) -> Vec<f64> {
-        (0..self.0).map(|i| i as f64).collect()
-    }
-
-    fn range(&self) -> std::ops::Range<f64> {
-        -0.5..self.0 as f64 - 0.5
-    }
 }
 
 /// One bar per row, or a stack of segments per row. `stacks[k]` is (legend, colour, value per
@@ -654,180 +543,5 @@ where
     Ok(())
 }
 
-/// A logarithmic axis from `lo` to `hi` (both > 0) with ticks at given values only (the
-/// output lengths present), thinned evenly when there are more than the axis has room for.
-#[derive(Clone)]
-struct TickedLogAxis {
-    lo: f64,
-    hi: f64,
-    ticks: Vec<f64>,
-}
-
-impl Ranged for TickedLogAxis {
-    type FormatOption = DefaultFormatting;
-    type ValueType = f64;
-
-    fn map(&self, v: &f64, limit: (i32, i32)) -> i32 {
-        LogAxis {
-            lo: self.lo,
-            hi: self.hi,
-        }
-        .map(v, limit)
-    }
-
-    fn key_points<H: KeyPointHint>(&self, hint: H) -> Vec<f64> {
-        let step = self
-            .ticks
-            .len()
-            .div_ceil(hint.max_num_points().max(1))
-            .max(1);
-        self.ticks.iter().copied().step_by(step).collect()
-    }
-
-    fn range(&self) -> std::ops::Range<f64> {
-        self.lo..self.hi
-    }
-}
-
-/// For pipeline results: the median per-request output tokens per second (output tokens /
-/// (end - arrival)) of each policy against output length, on a logarithmic length axis.
-pub(crate) fn tps_output<DB: DrawingBackend>(
-    root: &DrawingArea<DB, Shift>,
-    r: &Results,
-) -> DrawResult
-where
-    DB::ErrorType: 'static,
-{
-    let area = panels(
-        root,
-        "Per-request output tokens per second against output length",
-        1,
-    )?
-    .remove(0);
-    let series: &[TpsSeries] = r.tps_output.as_deref().unwrap_or(&[]);
-    let points = || series.iter().flat_map(|s| &s.points);
-    let mut ticks: Vec<f64> = points().map(|p| f64::from(p.to)).collect();
-    ticks.sort_by(f64::total_cmp);
-    ticks.dedup();
-    let (lo, hi) = match (ticks.first(), ticks.last()) {
-        (Some(&a), Some(&b)) => (a / std::f64::consts::SQRT_2, b * std::f64::consts::SQRT_2),
-        _ => (1.0, 1024.0),
-    };
-    let x_desc = if points().any(|p| p.from != p.to) {
-        "output tokens (power-of-two bins, shown at their longest length)"
-    } else {
-        "output tokens"
-    };
-    let max = points().map(|p| p.median_tps).fold(0.0, f64::max);
-    // Head room for the legend above the lines.
-    let top = finite_top(if max > 0.0 { max * 1.3 } else { 1.0 });
-    let mut chart = ChartBuilder::on(&area)
-        .margin(20)
-        .x_label_area_size(55)
-        .y_label_area_size(80)
-        .build_cartesian_2d(TickedLogAxis { lo, hi, ticks }, 0.0..top)?;
-    chart
-        .configure_mesh()
-        .x_desc(x_desc)
-        .y_desc("output tokens/s per request (median)")
-        .x_label_formatter(&|v| format!("{v:.0}"))
-        .y_label_formatter(&|v| tick(*v, top))
-        .label_style(text(LABEL_SIZE))
-        .axis_desc_style(text(DESC_SIZE))
-        .bold_line_style(BLACK.mix(0.12))
-        .light_line_style(TRANSPARENT)
-        .draw()?;
-    // Policy colours, unless a policy has several series (other swept keys).
-    let one_per_policy = series
-        .iter()
-        .enumerate()
-        .all(|(i, s)| series[..i].iter().all(|o| o.policy != s.policy));
-    for (i, s) in series.iter().enumerate() {
-        let color = if one_per_policy {
-            policy_color(r, &s.policy)
-        } else {
-            PALETTE[i % PALETTE.len()]
-        };
-        let xy: Vec<(f64, f64)> = s
-            .points
-            .iter()
-            .map(|p| (f64::from(p.to), p.median_tps))
-            .filter(|(_, tps)| tps.is_finite())
-            .collect();
-        chart
-            .draw_series(LineSeries::new(xy.clone(), color.stroke_width(3)))?
-            .label(format!("{} (n = {})", s.label(), s.requests()))
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3))
-            });
-        chart.draw_series(xy.into_iter().map(|xy| Circle::new(xy, 5, color.filled())))?;
-    }
-    legend(&mut chart, SeriesLabelPosition::UpperRight)?;
-    root.present()?;
-    Ok(())
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cdf_points_keep_the_extremes_and_end_at_one() {
-        let v: Vec<f64> = (1..=5000).map(f64::from).collect();
-        let p = cdf_points(&v);
-        assert_eq!(p.len(), CDF_POINTS);
-        assert_eq!(p[0], (1.0, 1.0 / 5000.0));
-        assert_eq!(*p.last().unwrap(), (5000.0, 1.0));
-        assert!(p.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 < w[1].1));
-        assert_eq!(cdf_points(&[3.0]), vec![(3.0, 1.0)]);
-        assert!(cdf_points(&[]).is_empty());
-    }
-
-    #[test]
-    fn ticks_drop_decimals_as_the_axis_grows() {
-        assert_eq!(tick(1234.5, 2000.0), "1234");
-        assert_eq!(tick(0.0, 2000.0), "0");
-        assert_eq!(tick(12.34, 15.0), "12.3");
-        assert_eq!(tick(0.126, 1.0), "0.13");
-        assert_eq!(log_tick(0.5), "0.5");
-        assert_eq!(log_tick(200.0), "200");
-    }
-
-    #[test]
-    fn log_axis_ticks_are_one_two_five_per_decade() {
-        let a = LogAxis {
-            lo: 13.0,
-            hi: 600.0,
-        };
-        assert_eq!(a.key_points(30), vec![20.0, 50.0, 100.0, 200.0, 500.0]);
-        let wide = LogAxis { lo: 0.5, hi: 2e6 };
-        assert_eq!(
-            wide.key_points(12),
-            vec![1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6]
-        );
-    }
-
-    #[test]
-    fn axis_ranges_are_finite_and_non_empty_whatever_the_values() {
-        assert_eq!(log_range([10.0, 100.0].into_iter()), (8.0, 125.0));
-        for bad in [f64::INFINITY, f64::NAN, -1.0, 0.0] {
-            assert_eq!(log_range([bad].into_iter()), (1.0, 10.0), "{bad}");
-            assert_eq!(finite_top(bad), 1.0, "{bad}");
-        }
-        assert_eq!(log_range([f64::INFINITY, 10.0].into_iter()), (8.0, 20.0));
-        assert_eq!(log_range([f64::MAX].into_iter()), (1.0, 10.0));
-        assert_eq!(finite_top(2.5), 2.5);
-    }
-
-    #[test]
-    fn ticked_log_axis_keeps_its_ticks_and_thins_them() {
-        let a = TickedLogAxis {
-            lo: 40.0,
-            hi: 800.0,
-            ticks: vec![64.0, 128.0, 512.0],
-        };
-        assert_eq!(a.key_points(10), vec![64.0, 128.0, 512.0]);
-        assert_eq!(a.key_points(2), vec![64.0, 512.0]);
-        assert!(a.map(&64.0, (0, 100)) < a.map(&128.0, (0, 100)));
-    }
-}
+mod tests;
