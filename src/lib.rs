@@ -1,20 +1,28 @@
 //! meshsim: how much time does reusing KV-cache prefixes across the nodes of a GPU cluster
 //! save, under which policy, on which hardware and workload?
 //!
-//! The crate models a cluster serving LLM requests as sans-IO actors ([`actor`]) run by a
-//! deterministic discrete-event host ([`sim`]) that charges every effect from a hardware model
-//! ([`hardware`], [`model::cost`]). A [`scenario::Scenario`] (one TOML file) fixes hardware,
-//! model, serving, workload, policies and limits; [`run`] simulates each policy on the same
-//! generated trace and writes per-request and per-policy CSV ([`metrics`]), then plots and a
-//! report made from those files ([`plot`]).
+//! It models the two systems of `DESIGN.md` with one actor contract ([`actor`]): sans-IO
+//! state machines that run unchanged on a deterministic discrete-event host ([`sim`]), which
+//! charges every effect from a hardware model ([`hardware`]), or on a live host ([`live`]:
+//! ractor actors on tokio, real candle tensors, the wall clock). Model work is priced in one
+//! place, the model backends ([`backend`]): a simulated backend from the analytic cost model or
+//! a measured profile ([`model`]), or a candle backend that computes for real ([`exec`]).
 //!
-//! Real execution: [`exec`] is a transformer on candle tensors that runs any layer range;
-//! [`backend`] is the boundary that shards use (simulated or real); [`shard`] holds the
-//! pipeline shard state machine with its session caches and an in-process route. [`pipeline`]
-//! turns shards into actors (a head and one actor per layer range) that run unchanged on the
-//! simulator or on the [`live`] host (ractor, candle, wall clock); [`profile`] measures the
-//! candle backend so that simulations can use measured step times, and
-//! [`pipeline::compare`] reports how far a simulation is from a live run.
+//! The systems, each in its own folder with the same parts (scenario, messages, actors, run):
+//! - [`serving`]: a router, serving instances with continuous batching, and the prefix-reuse
+//!   policies and distributed prefix stores they use (`vanilla`, `local-prefix`, `evostore`,
+//!   `ptstore`);
+//! - [`pipeline`]: pipeline routes of shards with per-node generation caches.
+//!
+//! An [`Experiment`] is one scenario file of either system: it is validated once (shared
+//! parsing in `scenario`), run, and written as a results folder ([`results`]: CSV in the
+//! schema of [`metrics`], plots, `report.md`, written atomically). [`workload`] generates and
+//! replays request traces; [`profiling`] measures the candle backend.
+//!
+//! Layers, from the bottom: `units`, [`hash`], [`rng`], `text` → [`metrics`], [`hardware`] →
+//! [`actor`], [`model`] → [`exec`], [`sim`], [`live`], [`workload`], `scenario` → [`backend`],
+//! [`results`] → [`serving`], [`pipeline`], [`profiling`] → [`experiment`]. No module imports
+//! one above it.
 
 pub mod actor;
 pub mod backend;
@@ -29,14 +37,19 @@ pub mod pipeline;
 pub mod profiling;
 pub mod results;
 pub mod rng;
-pub mod scenario;
+pub(crate) mod scenario;
 pub mod serving;
 pub mod sim;
-pub mod text;
+pub(crate) mod text;
 pub mod units;
 pub mod workload;
 
-pub use metrics::Tier;
+pub use actor::{Actor, ActorId, Context, Then, Work};
+pub use backend::{BatchBackend, CandleBackend, ModelBackend, SimBackend, SimBatchBackend};
+pub use experiment::{Experiment, RunError, Runs};
+pub use metrics::{Report, RequestRecord, Summary, Tier};
+pub use model::{ModelConfig, Preset, preset};
+pub use pipeline::scenario::PipelineScenario;
 pub use scenario::ScenarioError;
 pub use serving::policy::{Policy, PolicyKind};
 pub use serving::scenario::Scenario;

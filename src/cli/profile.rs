@@ -11,7 +11,8 @@ use meshsim::results::output;
 
 #[derive(Args)]
 pub(crate) struct ProfileArgs {
-    /// The model: tiny, tiny-qwen or small.
+    /// A preset of the model catalogue: tiny, tiny-qwen, small, mistral-7b-instruct-v0.2,
+    /// qwen2.5-0.5b (the large ones need the memory of their weights).
     #[arg(long, default_value = "small")]
     pub(crate) model: String,
     /// Pipeline shards (contiguous layer ranges, split evenly).

@@ -76,6 +76,7 @@ impl BlockPool {
     }
 
     /// Number of registered blocks (in use or free).
+    #[cfg(test)]
     pub fn cached_blocks(&self) -> usize {
         self.index.len()
     }

@@ -5,7 +5,7 @@
 //! Actors ([`router::Router`], [`instance::Instance`], [`store::server::StoreServer`],
 //! [`store::metadata::Metadata`]) exchange [`Msg`]; [`policy`] holds the strategies.
 
-pub mod block_pool;
+pub(crate) mod block_pool;
 pub mod instance;
 pub mod msg;
 pub mod policy;
