@@ -9,12 +9,12 @@
 //!
 //! Two backends:
 //! - [`SimBackend`] knows no values. Activations are shapes, cache states are token counts, and
-//!   each step carries the duration that [`CostModel`] charges for it on the shard's GPU: the
+//!   each step carries the duration that [`crate::model::cost::CostModel`] charges for it on the shard's GPU: the
 //!   shard's layers only, with the LM head's weights and FLOPs on the tail shard alone.
 //!   Embedding lookups are ignored, as in the cost model. Its "sampled" token is always 0.
-//!   [`SimBackend::profiled`] charges a measured [`ShardProfile`] of the real backend
+//!   [`SimBackend::profiled`] charges a measured [`crate::model::profile::ShardProfile`] of the real backend
 //!   instead (see [`crate::model::profile`]).
-//! - [`CandleBackend`] computes real tensors with [`ShardModel`] and reports no modelled
+//! - [`CandleBackend`] computes real tensors with [`crate::exec::ShardModel`] and reports no modelled
 //!   duration (the caller measures wall time if it wants one).
 
 mod batch;

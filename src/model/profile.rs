@@ -2,7 +2,7 @@
 //! replace the analytic cost model").
 //!
 //! A [`Profile`] holds, for each shard of a pipeline route (a contiguous layer range), the wall
-//! time of one [`ModelBackend::run`] call of that shard alone on a grid of shapes:
+//! time of one [`crate::backend::ModelBackend::run`] call of that shard alone on a grid of shapes:
 //!
 //! - **prefill**: `n` new tokens from an empty cache, for each `n` of the prefill grid (this is
 //!   also what a stateless pass costs);
@@ -439,7 +439,7 @@ impl Profile {
              # ModelBackend::run call of each shard alone (CandleBackend, seeded weights), the\n\
              # median of `repeats` runs after a warm-up pass. prefill: new tokens from an empty\n\
              # cache; decode: one new token after that many cached tokens. Times between grid\n\
-             # points are interpolated linearly (see src/profile.rs)."
+             # points are interpolated linearly (see src/model/profile.rs)."
         );
         let _ = writeln!(s, "model = {}", quote(&self.model));
         let _ = writeln!(s, "device = {}", quote(&self.device));

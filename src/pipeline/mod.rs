@@ -21,7 +21,7 @@
 //!
 //! Each shard handles one step at a time: it asks its [`crate::backend::ModelBackend`] to run
 //! the step (which, under the sim backend, returns the modelled duration, analytic or from a
-//! measured profile), then occupies its device for that long ([`Work::Compute`]) before it
+//! measured profile), then occupies its device for that long ([`crate::actor::Work::Compute`]) before it
 //! sends the result on. Steps that arrive meanwhile wait in the shard's FIFO queue, whose
 //! length is bounded by the head's `max_active` (a session has at most one step in flight).
 //! Pipelining comes from different sessions occupying different shards at the same time.

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use crate::metrics::write::{write_requests, write_summary};
 use crate::metrics::{RequestRecord, Summary};
 
-/// What [`write_results`] did, for the console (wall-clock figures are never in result files).
+/// What [`write_results_dir`] did, for the console (wall-clock figures are never in result files).
 #[derive(Clone, Debug)]
 pub struct Written {
     /// Wall-clock time spent drawing the plots and writing `report.md`.

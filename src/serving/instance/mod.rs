@@ -13,7 +13,7 @@
 //! or that finds `max_waiting` requests already queued, is rejected.
 //!
 //! **Prefix reuse.** If the policy looks in GPU memory, an admitted request first takes the
-//! longest run of its prompt's leading full blocks that the pool holds ([`BlockPool`]); those
+//! longest run of its prompt's leading full blocks that the pool holds (the block pool); those
 //! tokens are not recomputed. At least the last prompt token is always computed, since it
 //! produces the first output token's logits.
 //!

@@ -1,9 +1,9 @@
 //! Serving scenarios: one TOML file describes a whole experiment of the serving system
 //! (hardware, model, serving, workload, store, policies, limits). The shared parts of every
-//! scenario (deserializer, value checks, hardware tables, sweeps) are in [`crate::scenario`];
+//! scenario (deserializer, value checks, hardware tables, sweeps) are in `crate::scenario`;
 //! this module validates the file table by table: `[hardware]`
-//! ([`crate::scenario::hardware`]), `[model]` and `[serving]` (here), `[workload]`
-//! ([`workload`]), `[store]` ([`store`]) and `[limits]` (here).
+//! (`crate::scenario::hardware`), `[model]` and `[serving]` (here), `[workload]`
+//! (`workload.rs`), `[store]` (`store.rs`) and `[limits]` (here).
 
 pub(crate) mod raw;
 mod store;
