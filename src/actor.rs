@@ -17,7 +17,9 @@
 //!
 //! Errors are values: an actor that receives a message it does not expect, or whose state
 //! breaks an invariant, records a violation and reports it in [`Actor::report`]; the host turns
-//! any violation into an error of the whole run. Actors never panic on bad input.
+//! any violation into an error of the whole run. Actors never panic on bad input. Invariants
+//! are also checked while a run goes on ([`Actor::check`]), so a broken one is caught near the
+//! event that broke it, not only at the end.
 
 use std::fmt::Debug;
 
@@ -98,6 +100,13 @@ pub trait Actor<M>: Send {
 
     /// Handles one message.
     fn handle(&mut self, msg: M, ctx: &mut dyn Context<M>);
+
+    /// Checks this actor's invariants now (hosts call it while a run goes on: the sim host
+    /// every `check_every` events, see `sim::host`). Read-only: it never changes what the
+    /// actor does, so a run gives the same results with or without checks.
+    fn check(&self) -> Result<(), String> {
+        Ok(())
+    }
 
     /// Adds this actor's results and invariant violations to `report` at the end of a run.
     fn report(&self, report: &mut Report);

@@ -21,8 +21,8 @@
 //!
 //! Layers, from the bottom: `units`, [`hash`], [`rng`], `text` → [`metrics`], [`hardware`] →
 //! [`actor`], [`model`] → [`exec`], [`sim`], [`live`], [`workload`], `scenario` → [`backend`],
-//! [`results`] → [`serving`], [`pipeline`], [`profiling`] → [`experiment`]. No module imports
-//! one above it.
+//! [`results`] → [`serving`], [`pipeline`], [`profiling`] → [`experiment`], [`vopr`]. No module
+//! imports one above it.
 
 pub mod actor;
 pub mod backend;
@@ -42,6 +42,7 @@ pub mod serving;
 pub mod sim;
 pub(crate) mod text;
 pub mod units;
+pub mod vopr;
 pub mod workload;
 
 pub use actor::{Actor, ActorId, Context, Then, Work};

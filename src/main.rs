@@ -80,6 +80,22 @@ enum Command {
         #[command(subcommand)]
         command: TraceCommand,
     },
+    /// Run many small random scenarios (one per seed) under every policy, with invariants
+    /// checked after every event and each simulated twice for determinism.
+    Vopr {
+        /// Seeds to run, from --from.
+        #[arg(long, default_value_t = 100)]
+        seeds: u64,
+        /// The first seed.
+        #[arg(long, default_value_t = 0)]
+        from: u64,
+        /// Run only this seed.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// With --seed: print the seed's scenario file instead of running it.
+        #[arg(long, requires = "seed")]
+        print: bool,
+    },
 }
 
 /// Logs go to stderr through `tracing`; `RUST_LOG` (env-filter syntax) wins over -v/--quiet.
@@ -118,7 +134,8 @@ fn main() -> ExitCode {
         Command::Check { .. }
         | Command::Trace { .. }
         | Command::Profile(_)
-        | Command::Compare { .. } => false,
+        | Command::Compare { .. }
+        | Command::Vopr { .. } => false,
     };
     init_logging(cli.verbose, quiet);
     match cli.command {
@@ -135,5 +152,11 @@ fn main() -> ExitCode {
         } => cli::run::run(&scenario, seed, out, threads, quiet, live),
         Command::Trace { command } => cli::trace::trace(&command),
         Command::Check { scenario } => cli::run::check(&scenario),
+        Command::Vopr {
+            seeds,
+            from,
+            seed,
+            print,
+        } => cli::vopr::vopr(from, seeds, seed, print),
     }
 }

@@ -13,7 +13,7 @@ const LAYERS: &[&[&str]] = &[
     &["exec", "sim", "live", "workload", "scenario"],
     &["backend", "results"],
     &["serving", "pipeline", "profiling"],
-    &["experiment"],
+    &["experiment", "vopr"],
 ];
 
 fn layer(module: &str) -> Option<usize> {

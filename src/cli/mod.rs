@@ -6,6 +6,7 @@ pub(crate) mod profile;
 pub(crate) mod run;
 pub(crate) mod tools;
 pub(crate) mod trace;
+pub(crate) mod vopr;
 
 use std::process::ExitCode;
 

@@ -237,6 +237,19 @@ impl Actor<Msg> for Head {
         }
     }
 
+    fn check(&self) -> Result<(), String> {
+        if self.active.len() > self.cfg.max_active || self.waiting.len() > self.cfg.max_waiting {
+            return Err(format!(
+                "the pipeline head runs {} sessions (at most {}) with {} waiting (at most {})",
+                self.active.len(),
+                self.cfg.max_active,
+                self.waiting.len(),
+                self.cfg.max_waiting
+            ));
+        }
+        Ok(())
+    }
+
     fn report(&self, report: &mut Report) {
         report.records.extend(self.records.iter().cloned());
         let mut outputs = self.outputs.clone();

@@ -137,6 +137,21 @@ impl Actor<Msg> for ShardNode {
         }
     }
 
+    fn check(&self) -> Result<(), String> {
+        if self.queue.len() > self.max_queue {
+            return Err(format!(
+                "shard {}: {} steps waiting, at most {}",
+                self.index,
+                self.queue.len(),
+                self.max_queue
+            ));
+        }
+        if !self.queue.is_empty() && self.busy.is_none() {
+            return Err(format!("shard {}: steps wait while it is idle", self.index));
+        }
+        Ok(())
+    }
+
     fn report(&self, report: &mut Report) {
         let s = self.shard.stats();
         report.instances.push(InstanceStats {

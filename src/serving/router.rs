@@ -34,6 +34,8 @@ pub struct Router {
     records: Vec<RequestRecord>,
     /// Unexpected messages (errors are values).
     violations: Vec<String>,
+    /// Requests sent to an instance and not yet finished or rejected.
+    in_flight: u64,
 }
 
 impl Router {
@@ -53,6 +55,7 @@ impl Router {
             next_rr: 0,
             records,
             violations: Vec::new(),
+            in_flight: 0,
         }
     }
 
@@ -84,6 +87,7 @@ impl Router {
     fn done(&mut self, req: ReqId) {
         let instance = self.records[req.0 as usize].instance as usize;
         self.outstanding[instance] -= 1;
+        self.in_flight -= 1;
     }
 }
 
@@ -97,6 +101,7 @@ impl Actor<Msg> for Router {
             Msg::Arrival(req) => {
                 let i = self.pick();
                 self.outstanding[i] += 1;
+                self.in_flight += 1;
                 let record = &mut self.records[req.0 as usize];
                 record.instance = i as u32;
                 let bytes = TOKEN_ID_BYTES * record.prompt_tokens as u64;
@@ -125,6 +130,17 @@ impl Actor<Msg> for Router {
             }
             other => unexpected(&mut self.violations, "router", &other),
         }
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let in_flight: u64 = self.outstanding.iter().map(|&n| n as u64).sum();
+        if in_flight != self.in_flight {
+            return Err(format!(
+                "router: {in_flight} requests outstanding at instances, {} in flight",
+                self.in_flight
+            ));
+        }
+        Ok(())
     }
 
     fn report(&self, report: &mut Report) {

@@ -28,7 +28,7 @@ use crate::serving::store::directory::{Directory, StoreParams};
 use crate::serving::store::metadata::Metadata;
 use crate::serving::store::server::StoreServer;
 use crate::sim::host::FetchOverhead;
-use crate::sim::host::SimHost;
+use crate::sim::host::{DEFAULT_CHECK_EVERY, SimHost};
 use crate::sim::kernel::SimError;
 use crate::workload::TraceError;
 use crate::workload::replay;
@@ -98,8 +98,20 @@ pub fn simulate(
     trace: Arc<Trace>,
     policy: PolicyKind,
 ) -> Result<PolicyRun, SimError> {
+    simulate_checked(s, trace, policy, DEFAULT_CHECK_EVERY)
+}
+
+/// Simulates one policy on `trace`, checking every actor's invariants every `check_every`
+/// events (0: only at the end). Checks never change results.
+pub fn simulate_checked(
+    s: &Scenario,
+    trace: Arc<Trace>,
+    policy: PolicyKind,
+    check_every: u64,
+) -> Result<PolicyRun, SimError> {
     let started = Instant::now();
     let mut host = SimHost::new(Network::new(&s.hardware), s.limits, s.seed);
+    host.set_check_every(check_every);
     host.set_fetch_overhead(FetchOverhead {
         request: s.store.fetch_request_overhead,
         segment: s.store.fetch_segment_overhead,

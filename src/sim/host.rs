@@ -17,9 +17,13 @@
 //! * `timer`: after exactly the requested delay;
 //! * `rng`: the actor's own ChaCha8 stream, numbered `ACTOR_BASE + actor id`.
 //!
-//! Every actor is started by an event at time 0, in the order actors were added. At the end of
-//! a run (no event left), every actor reports its results and checks its invariants
-//! ([`Report::merge`]); any violation turns the run into an error that names the seed.
+//! Every actor is started by an event at time 0, in the order actors were added. Every
+//! `check_every` events (by default [`DEFAULT_CHECK_EVERY`]: in builds with debug assertions,
+//! such as the tests', and never in release builds) every actor checks its invariants
+//! ([`Actor::check`]); checks are read-only, so results are the same with or without them. At
+//! the end of a run (no event left), every actor reports its results and checks its
+//! invariants ([`Report::merge`]); any violation turns the run into an error that names the
+//! seed and the simulated time.
 
 use std::collections::HashMap;
 
@@ -45,6 +49,10 @@ struct Slot<M> {
     rng: Stream,
 }
 
+/// Events between two checks of every actor's invariants: 1,024 in builds with debug
+/// assertions (tests), none (0) in release builds.
+pub const DEFAULT_CHECK_EVERY: u64 = if cfg!(debug_assertions) { 1024 } else { 0 };
+
 /// A set of actors of one system (messages `M`) on a simulated cluster.
 pub struct SimHost<M> {
     kernel: Kernel<Event<M>>,
@@ -58,6 +66,8 @@ pub struct SimHost<M> {
     compute_free: Vec<Nanos>,
     /// Effects the hardware cannot perform (errors are values: the run fails with them).
     violations: Vec<String>,
+    /// Events between invariant checks of every actor; 0 for none.
+    check_every: u64,
 }
 
 /// Fixed costs of posting a bulk fetch: per request and per gathered segment.
@@ -173,7 +183,13 @@ impl<M> SimHost<M> {
             device_of: HashMap::new(),
             compute_free: Vec::new(),
             violations: Vec::new(),
+            check_every: DEFAULT_CHECK_EVERY,
         }
+    }
+
+    /// Checks every actor's invariants every `events` events (0: never during the run).
+    pub fn set_check_every(&mut self, events: u64) {
+        self.check_every = events;
     }
 
     pub fn set_fetch_overhead(&mut self, o: FetchOverhead) {
@@ -202,6 +218,19 @@ impl<M> SimHost<M> {
         ActorId(self.slots.len() as u32)
     }
 
+    /// Checks every actor's invariants now; the first broken one is an error.
+    fn check_all(&self) -> Result<(), SimError> {
+        if let Some(e) = self.violations.first() {
+            return Err(self.kernel.invariant(e.clone()));
+        }
+        for (i, slot) in self.slots.iter().enumerate() {
+            if let Err(e) = slot.actor.check() {
+                return Err(self.kernel.invariant(format!("actor {i}: {e}")));
+            }
+        }
+        Ok(())
+    }
+
     /// Runs until no event is left, then collects the actors' reports.
     pub fn run(mut self) -> Result<SimOutcome, SimError> {
         for i in 0..self.slots.len() {
@@ -225,6 +254,9 @@ impl<M> SimHost<M> {
                 Event::Start => slot.actor.start(&mut ctx),
                 Event::Msg(m) => slot.actor.handle(m, &mut ctx),
             }
+            if self.check_every > 0 && self.kernel.processed() % self.check_every == 0 {
+                self.check_all()?;
+            }
         }
         let mut report = Report {
             violations: std::mem::take(&mut self.violations),
@@ -247,5 +279,83 @@ impl<M> SimHost<M> {
             end: self.kernel.now(),
             link_bytes: self.network.totals(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hardware::LinkSpec;
+
+    /// Ticks every microsecond; its invariant breaks at the `breaks_at`-th tick.
+    struct Ticker {
+        ticks: u64,
+        breaks_at: u64,
+        limit: u64,
+    }
+
+    impl Actor<()> for Ticker {
+        fn start(&mut self, ctx: &mut dyn Context<()>) {
+            ctx.timer(Nanos(1_000), ());
+        }
+        fn handle(&mut self, _msg: (), ctx: &mut dyn Context<()>) {
+            self.ticks += 1;
+            if self.ticks < self.limit {
+                ctx.timer(Nanos(1_000), ());
+            }
+        }
+        fn check(&self) -> Result<(), String> {
+            if self.ticks >= self.breaks_at {
+                Err(format!("{} ticks", self.ticks))
+            } else {
+                Ok(())
+            }
+        }
+        fn report(&self, _report: &mut Report) {}
+    }
+
+    fn host(check_every: u64, breaks_at: u64) -> SimHost<()> {
+        let link = LinkSpec {
+            bandwidth: 1e9,
+            latency: Nanos::ZERO,
+        };
+        let mut h = SimHost::new(Network::fabric(1, link), Limits::default(), 9);
+        h.set_check_every(check_every);
+        h.add(
+            Box::new(Ticker {
+                ticks: 0,
+                breaks_at,
+                limit: 100,
+            }),
+            Place::Host { node: 0 },
+        );
+        h
+    }
+
+    #[test]
+    fn a_broken_invariant_ends_the_run_at_the_event_that_broke_it() {
+        // Event 1 starts the ticker; tick n is event n + 1, at n microseconds.
+        let err = host(1, 10).run().unwrap_err();
+        match err {
+            SimError::Invariant { what, at, seed } => {
+                assert!(what.contains("actor 0: 10 ticks"), "{what}");
+                assert_eq!(at, Nanos(10_000));
+                assert_eq!(seed, 9);
+            }
+            other => panic!("expected an invariant error, found {other:?}"),
+        }
+        // Checked every 8 events, it is caught at the first check after it broke.
+        let SimError::Invariant { at, .. } = host(8, 10).run().unwrap_err() else {
+            panic!("expected an invariant error");
+        };
+        assert_eq!(at, Nanos(15_000));
+    }
+
+    #[test]
+    fn checks_never_change_a_run_that_keeps_its_invariants() {
+        let a = host(1, u64::MAX).run().unwrap();
+        let b = host(0, u64::MAX).run().unwrap();
+        assert_eq!((a.events, a.end), (b.events, b.end));
+        assert_eq!(a.events, 101);
     }
 }

@@ -74,6 +74,10 @@ impl Actor<Msg> for Metadata {
         }
     }
 
+    fn check(&self) -> Result<(), String> {
+        self.dir.check().map_err(|e| format!("store: {e}"))
+    }
+
     fn report(&self, report: &mut Report) {
         report.violations.extend(self.violations.iter().cloned());
         if let Err(e) = self.dir.check() {

@@ -1,0 +1,57 @@
+//! `meshsim vopr`: many small random scenarios, invariants checked after every event, each
+//! simulated twice (see `meshsim::vopr`).
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use super::EXIT_FAILED;
+use meshsim::vopr;
+
+/// Runs `count` seeds from `from` (or the one `seed`), or prints a seed's scenario.
+pub(crate) fn vopr(from: u64, count: u64, seed: Option<u64>, print: bool) -> ExitCode {
+    if let (Some(s), true) = (seed, print) {
+        print!("{}", vopr::scenario_text(s));
+        return ExitCode::SUCCESS;
+    }
+    let seeds: Vec<u64> = match seed {
+        Some(s) => vec![s],
+        None => (from..from.saturating_add(count)).collect(),
+    };
+    let started = Instant::now();
+    let (mut events, mut simulations, mut failed) = (0u64, 0usize, 0usize);
+    for &s in &seeds {
+        match vopr::run_seed(s) {
+            Ok(o) => {
+                events += o.events;
+                simulations += o.simulations;
+                println!(
+                    "seed {s}: ok ({} simulations, {} events; requests: {} finished, {} rejected, \
+                     {} preemptions; tensors: {} demoted, {} dropped, {} replicated)",
+                    o.simulations,
+                    o.events,
+                    o.finished,
+                    o.rejected,
+                    o.preemptions,
+                    o.demoted,
+                    o.dropped,
+                    o.replicated
+                );
+            }
+            Err(e) => {
+                failed += 1;
+                println!("FAILED {e}");
+            }
+        }
+    }
+    println!(
+        "{} seeds, {failed} failed; {simulations} simulations, {events} events, invariants checked \
+         after every event, in {:.1} s",
+        seeds.len(),
+        started.elapsed().as_secs_f64()
+    );
+    if failed > 0 {
+        ExitCode::from(EXIT_FAILED)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
