@@ -254,7 +254,7 @@ impl<M> SimHost<M> {
                 Event::Start => slot.actor.start(&mut ctx),
                 Event::Msg(m) => slot.actor.handle(m, &mut ctx),
             }
-            if self.check_every > 0 && self.kernel.processed() % self.check_every == 0 {
+            if self.check_every > 0 && self.kernel.processed().is_multiple_of(self.check_every) {
                 self.check_all()?;
             }
         }
