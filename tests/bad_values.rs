@@ -253,6 +253,22 @@ fn every_plotted_summary_column_refuses_infinite_negative_and_impossible_values(
 }
 
 #[test]
+fn every_other_summary_column_refuses_infinite_and_negative_values_too() {
+    let (_tmp, root) = good_and_bad();
+    let plotted: Vec<String> = plotted_summary_columns().into_iter().map(|c| c.0).collect();
+    let others: Vec<String> = summary_header()
+        .into_iter()
+        .filter(|c| c != "policy" && !plotted.contains(c))
+        .collect();
+    assert!(others.iter().any(|c| c == "rejected"), "{others:?}");
+    for column in &others {
+        for value in ["inf", "NaN", "-5"] {
+            assert_both_refuse(&root, "summary.csv", 2, column, value);
+        }
+    }
+}
+
+#[test]
 fn every_plotted_requests_column_refuses_infinite_negative_and_impossible_values() {
     let (_tmp, root) = good_and_bad();
     for column in PLOTTED_REQUEST_COLUMNS {

@@ -388,6 +388,19 @@ fn read_summary(path: &Path) -> Result<Vec<SummaryRow>, PlotError> {
                 *slot = t.parse(&rec, col, "a byte count")?;
             }
         }
+        // Columns no chart reads are still numbers a run writes: finite and not negative,
+        // ratios at most 1. An empty cell is a value that does not exist (none is plotted).
+        for (col, name) in t.header.iter().enumerate() {
+            if name == "policy" || name == "point" || rec.get(col).is_none_or(str::is_empty) {
+                continue;
+            }
+            let range = if name.ends_with("_ratio") {
+                RATIO
+            } else {
+                NON_NEGATIVE
+            };
+            t.number(&rec, col, "a number a run writes", range)?;
+        }
         let ms = |col| t.number(&rec, col, "milliseconds", NON_NEGATIVE);
         let requests: u64 = t.parse(&rec, requests, "a request count")?;
         let done: u64 = t.parse(&rec, completed, "a request count")?;
