@@ -68,6 +68,9 @@ impl Script {
                 StoreEvent::ReplicaEvicted { node, index } => {
                     format!("evicted replica #{index} on {node}")
                 }
+                StoreEvent::Refused { node, index } => {
+                    format!("refused #{index} on {node}: no room without evicting its prefix")
+                }
             };
             self.log += &format!("  {line}\n");
         }

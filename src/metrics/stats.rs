@@ -30,6 +30,9 @@ pub struct StoreStats {
     pub dropped: u64,
     pub replicated: u64,
     pub replicas_evicted: u64,
+    /// Inserts stopped early because the writer's node had no room without evicting the
+    /// prefix being extended (not a column of `summary.csv`).
+    pub refused: u64,
 }
 
 /// What the store did over a run.

@@ -10,8 +10,14 @@ impl Directory {
     }
 
     /// Frees host memory on `node` for one more owned tensor: replicas first, then demote
-    /// owned tensors to SSD (dropping from SSD when it is full). False if impossible.
-    pub(super) fn make_room_for_owned(&mut self, node: u32, out: &mut InsertOutcome) -> bool {
+    /// owned tensors to SSD (dropping from SSD when it is full), never one of `pinned` (the
+    /// prefix an insert extends). False if impossible.
+    pub(super) fn make_room_for_owned(
+        &mut self,
+        node: u32,
+        pinned: &[TensorId],
+        out: &mut InsertOutcome,
+    ) -> bool {
         let bytes = self.params.tensor_bytes;
         // Bounded: each round removes one entry from a queue.
         while self.host_used(node) + bytes > self.params.host_capacity {
@@ -21,12 +27,13 @@ impl Directory {
             }
             let tensors = &self.tensors;
             let q = &mut self.servers[node as usize].host_q;
-            let leaf = |id: u64| tensors[&id].children.is_empty();
-            let Some(victim) = q.pop_first_where(leaf).or_else(|| q.pop()) else {
+            let free = |id: u64| !pinned.contains(&id);
+            let leaf = |id: u64| free(id) && tensors[&id].children.is_empty();
+            let Some(victim) = q.pop_first_where(leaf).or_else(|| q.pop_first_where(free)) else {
                 return false;
             };
             out.demoted += 1;
-            if !self.demote(node, victim, out) {
+            if !self.demote(node, victim, pinned, out) {
                 return false;
             }
         }
@@ -56,9 +63,17 @@ impl Directory {
         true
     }
 
-    /// Moves `id` (already out of the host queue) to SSD on `node`, dropping SSD tensors to
-    /// make room; drops `id` itself if SSD cannot hold it.
-    fn demote(&mut self, node: u32, id: TensorId, out: &mut InsertOutcome) -> bool {
+    /// Moves `id` (already out of the host queue) to SSD on `node`, dropping SSD tensors
+    /// (never one of `pinned`) to make room; drops `id` itself if SSD cannot hold it. `id` is
+    /// not pinned, and neither is any tensor below it: the pinned tensors are a prefix, so the
+    /// subtree of a tensor outside it holds none of them.
+    fn demote(
+        &mut self,
+        node: u32,
+        id: TensorId,
+        pinned: &[TensorId],
+        out: &mut InsertOutcome,
+    ) -> bool {
         let bytes = self.params.tensor_bytes;
         let index = self.tensors[&id].index;
         let replicas_left = self.servers[node as usize].replica_bytes;
@@ -77,7 +92,8 @@ impl Directory {
         while self.servers[node as usize].ssd_bytes + bytes > self.params.ssd_capacity {
             let tensors = &self.tensors;
             let q = &mut self.servers[node as usize].ssd_q;
-            let Some(victim) = q.pop_first_where(|v| tensors[&v].children.is_empty()) else {
+            let leaf = |v: u64| !pinned.contains(&v) && tensors[&v].children.is_empty();
+            let Some(victim) = q.pop_first_where(leaf) else {
                 // No leaf on SSD can go: the tensor being demoted goes instead.
                 out.dropped += self.drop_tree(id);
                 return true;

@@ -21,7 +21,10 @@
 //! only when SSD is full too, and dropping a tensor drops its descendants (they are unreachable
 //! without it) and its replicas everywhere. Victims are taken from the leaves of the prefix
 //! trie first (tensors without stored children), in LRU or GDSF order; when SSD has no leaf
-//! to drop, the tensor being demoted is dropped instead. A prefix thus shrinks from its end. Each tier evicts in LRU or GDSF order
+//! to drop, the tensor being demoted is dropped instead. A prefix thus shrinks from its end.
+//! An insert never demotes or drops the prefix it extends (the tensors before the new one are
+//! pinned while it runs): when the writer's node has no room without them, the insert stops
+//! there and is counted as refused ([`StoreEvent::Refused`], `StoreStats::refused`). Each tier evicts in LRU or GDSF order
 //! ([`super::eviction`]); GDSF's cost is the time to get the tensor back: SSD read instead of
 //! host read for a demotion, recomputation for a drop, a network fetch for a replica.
 //!
@@ -94,6 +97,12 @@ pub enum StoreEvent {
         node: u32,
         index: u32,
     },
+    /// An insert stopped before the tensor at `index`: `node` had no room for it without
+    /// evicting the prefix being extended (which an insert never does).
+    Refused {
+        node: u32,
+        index: u32,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -149,6 +158,8 @@ pub struct InsertOutcome {
     pub demoted: u32,
     pub dropped: u32,
     pub replicas_evicted: u32,
+    /// Whether the insert stopped early for want of room (see [`StoreEvent::Refused`]).
+    pub refused: bool,
 }
 
 /// The store's bookkeeping.
@@ -333,13 +344,17 @@ impl Directory {
                 continue;
             }
             let parent = if i == 0 { None } else { Some(chain[i - 1]) };
-            if !self.make_room_for_owned(owner, &mut out) {
+            // The prefix being extended is pinned: making room never demotes or drops it.
+            if !self.make_room_for_owned(owner, &chain[..i], &mut out) {
+                out.refused = true;
+                self.stats.refused += 1;
+                self.record(StoreEvent::Refused {
+                    node: owner,
+                    index: i as u32,
+                });
                 break;
             }
-            // Making room may have dropped this prefix's own ancestors.
-            if parent.is_some_and(|p| !self.tensors.contains_key(&p)) {
-                break;
-            }
+            debug_assert!(parent.is_none_or(|p| self.tensors.contains_key(&p)));
             let region = match parent {
                 // Later tensors of one increment are written contiguously after the first.
                 Some(p)
