@@ -7,6 +7,8 @@
 //! Tests wait on explicit completion only: the live host ends a run when every actor says it
 //! is done; nothing polls the wall clock.
 
+mod common;
+
 use std::ops::Range;
 use std::path::Path;
 
@@ -120,12 +122,8 @@ async fn live_tokens_equal_the_route_for_a_qwen_style_model() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn text_prompts_go_through_the_tokenizer() {
-    let tokenizer =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/datasets/tokenizers/mistral-v1.json");
-    if !tokenizer.exists() {
-        eprintln!("skipped: {} is absent", tokenizer.display());
-        return;
-    }
+    // Fails, saying what to do, when ../shared/datasets is missing.
+    let tokenizer = common::shared_datasets().join("tokenizers/mistral-v1.json");
     let w = format!(
         "prompts = [\"What does a KV cache hold?\", \"Pipeline parallelism splits layers.\"]\ntokenizer = {:?}",
         tokenizer.display().to_string()

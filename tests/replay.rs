@@ -17,9 +17,18 @@ use meshsim::workload::stats::TraceStats;
 use meshsim::workload::tokenize::Tokenizer;
 use meshsim::workload::{SegId, Trace};
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 
+/// `../shared/datasets`; the test fails, saying what to do, when a file is missing.
 fn datasets() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/datasets")
+    common::shared_datasets()
+}
+
+#[test]
+#[should_panic(expected = "Put that folder there with these files and run the tests again")]
+fn a_missing_shared_dataset_fails_the_test_and_says_what_to_do() {
+    let empty = tempfile::tempdir().unwrap();
+    common::shared_datasets_in(empty.path());
 }
 
 /// Every real file, with its format.
@@ -450,7 +459,12 @@ fn no_panic(source: Source, bytes: &[u8]) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+    // Failures are kept in tests/replay.proptest-regressions (commit it) and replayed first.
+    #![proptest_config(ProptestConfig {
+        cases: 64,
+        failure_persistence: Some(Box::new(FileFailurePersistence::SourceParallel("proptest-regressions"))),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn no_loader_panics_on_random_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
@@ -554,6 +568,7 @@ fn a_scenario_replaying_each_file_runs_under_every_policy() {
 
 #[test]
 fn replay_paths_are_relative_to_the_scenario_file() {
+    datasets(); // the file below is in ../shared/datasets
     let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/replay.toml");
     let s = Scenario::parse(
         &file.display().to_string(),

@@ -70,3 +70,34 @@ arrival_rate_per_s = 4.0
     let text = String::from_utf8(csv).unwrap();
     insta::assert_snapshot!(transposed(&text));
 }
+
+/// Every file in `tests/snapshots/` is an accepted snapshot (`<test file>__<test>.snap`, not a
+/// pending `.snap.new`) of a test that exists, and its header names that test file: a snapshot
+/// left behind by a renamed or removed test is an error.
+#[test]
+fn every_snapshot_file_belongs_to_an_existing_test() {
+    let tests = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(tests.join("snapshots")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        let stem = name
+            .strip_suffix(".snap")
+            .unwrap_or_else(|| panic!("tests/snapshots/{name} is not an accepted snapshot"));
+        let (file, test) = stem
+            .split_once("__")
+            .unwrap_or_else(|| panic!("tests/snapshots/{name}: not <test file>__<test>.snap"));
+        let source = std::fs::read_to_string(tests.join(format!("{file}.rs")))
+            .unwrap_or_else(|e| panic!("tests/snapshots/{name}: tests/{file}.rs: {e}"));
+        assert!(
+            source.contains(&format!("fn {test}()")),
+            "tests/snapshots/{name}: no test `{test}` in tests/{file}.rs"
+        );
+        let snap = std::fs::read_to_string(tests.join("snapshots").join(&name)).unwrap();
+        assert!(
+            snap.starts_with(&format!("---\nsource: tests/{file}.rs\n")),
+            "tests/snapshots/{name}: header does not name tests/{file}.rs"
+        );
+        seen += 1;
+    }
+    assert!(seen >= 4, "only {seen} snapshots found");
+}

@@ -7,6 +7,7 @@ use meshsim::hash::{ROOT_PARENT, block_hash};
 use meshsim::serving::store::directory::{Directory, StoreEvent, StoreParams, TensorId};
 use meshsim::serving::store::eviction::Eviction;
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 
 fn chain(symbols: &[u8]) -> Vec<TensorId> {
     let mut parent = ROOT_PARENT;
@@ -86,8 +87,21 @@ fn brute_force_lcp(d: &Directory, query: &[TensorId]) -> usize {
         .unwrap_or(0)
 }
 
+/// `cases` cases, and failures kept in `tests/store_props.proptest-regressions` (committed):
+/// proptest replays the seeds of that file before any new case, and adds the seed of every new
+/// failure to it.
+fn config(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        failure_persistence: Some(Box::new(FileFailurePersistence::SourceParallel(
+            "proptest-regressions",
+        ))),
+        ..ProptestConfig::default()
+    }
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 1000, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(config(1000))]
 
     #[test]
     fn store_invariants_hold_after_every_step(
@@ -135,5 +149,55 @@ proptest! {
             }
             prop_assert_eq!(d.ids(), expected.iter().copied().collect::<Vec<_>>());
         }
+    }
+}
+
+/// The property test's configuration finds the committed regressions file, where the runner
+/// looks for it (next to this file, named after it), so its seeds run first on every
+/// `cargo test`.
+#[test]
+fn the_committed_regression_seeds_are_replayed() {
+    let seeds = config(1)
+        .failure_persistence
+        .expect("failures are persisted")
+        .load_persisted_failures2(Some(file!()));
+    let seeds: Vec<String> = seeds.iter().map(ToString::to_string).collect();
+    assert!(
+        seeds
+            .iter()
+            .any(|s| s.contains("beae5bf68d80095168571a5d6e4609e8")),
+        "tests/store_props.proptest-regressions is not read (seeds found: {seeds:?}); \
+         it must lie next to tests/store_props.rs"
+    );
+}
+
+/// The case the committed seed shrank to, kept as a plain test so that it runs whatever the
+/// strategies become: a second prompt on a one-node store with room for one tensor in host
+/// memory and one on SSD.
+#[test]
+fn the_committed_regression_case_keeps_the_store_consistent() {
+    let mut d = Directory::new(StoreParams {
+        nodes: 1,
+        tensor_bytes: 10,
+        host_capacity: 10,
+        replica_capacity: 0,
+        ssd_capacity: 10,
+        eviction: Eviction::Lru,
+        consolidate: false,
+        replicate_after_reads: None,
+        host_ns_per_byte: 0.04,
+        ssd_ns_per_byte: 0.3,
+        net_ns_per_byte: 0.05,
+        recompute_base_ns: 1e6,
+        recompute_per_index_ns: 2e4,
+    });
+    for prompt in [&[0u8][..], &[1, 0]] {
+        d.insert(&chain(prompt), 0);
+        d.check().unwrap();
+        let q = chain(prompt);
+        assert_eq!(
+            d.lookup(&q, 0, 0).stored_chunks as usize,
+            brute_force_lcp(&d, &q)
+        );
     }
 }

@@ -32,3 +32,38 @@ pub fn run_to_files(s: &Scenario, threads: usize) -> (Vec<u8>, Vec<u8>) {
         std::fs::read(out.join("summary.csv")).unwrap(),
     )
 }
+
+/// The files of `../shared/datasets` that tests read.
+pub const SHARED_DATASETS: [&str; 8] = [
+    "squad/dev-v1.1.json",
+    "wikiqa/WikiQA-dev.tsv",
+    "wikiqa/WikiQA-test.tsv",
+    "mooncake/conversation_trace.jsonl",
+    "mooncake/synthetic_trace.jsonl",
+    "vidur/splitwise_conv.csv",
+    "vidur/splitwise_code.csv",
+    "tokenizers/mistral-v1.json",
+];
+
+/// `../shared/datasets` (the published datasets beside the project), after checking that it
+/// holds every file in [`SHARED_DATASETS`]. A test that needs real data calls this first, so
+/// it fails, saying what to do, when the data is missing: it never passes without it.
+pub fn shared_datasets() -> PathBuf {
+    shared_datasets_in(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/datasets"))
+}
+
+/// [`shared_datasets`] for the folder `dir`.
+pub fn shared_datasets_in(dir: &Path) -> PathBuf {
+    let missing: Vec<&str> = SHARED_DATASETS
+        .into_iter()
+        .filter(|f| !dir.join(f).is_file())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} lacks {missing:?}. This test replays real data from ../shared/datasets, the folder \
+         of published datasets beside the project (its README.md lists each file and where it \
+         comes from). Put that folder there with these files and run the tests again.",
+        dir.display()
+    );
+    dir.to_path_buf()
+}
