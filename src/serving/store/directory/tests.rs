@@ -112,11 +112,19 @@ fn replicas_go_before_owned_tensors_and_owned_ones_are_demoted_then_dropped() {
     // Two owned tensors fit next to the replicas; the third evicts a replica first.
     d.insert(&chain(&[7, 8, 9]), 0);
     assert_eq!(d.usage(0), (300, 100, 0));
-    // Four more: the last replica goes, then the chain's newest tensors are demoted, and
-    // when SSD is full the tensor being demoted is dropped: the stored prefix is cut.
+    // Four more: the last replica goes, then there is no room left that does not belong to
+    // the prefix being extended, which an insert never evicts: it stops, counted as refused.
     d.insert(&chain(&[7, 8, 9, 10, 11, 12, 13]), 0);
-    assert_eq!(d.usage(0), (300, 0, 200));
-    assert_eq!(d.stored_prefix(&chain(&[7, 8, 9, 10, 11, 12, 13])), 5);
+    assert_eq!(d.usage(0), (400, 0, 0));
+    assert_eq!(d.stored_prefix(&chain(&[7, 8, 9, 10, 11, 12, 13])), 4);
+    assert_eq!(d.stats.refused, 1);
+    // Another prompt on node 0 now demotes that chain's tensors to SSD (its leaf 10 first,
+    // then the least recently used ones), and when SSD is full a leaf there (10) is dropped:
+    // the stored prefix is cut to 7, 8 (on SSD) and 9.
+    d.insert(&chain(&[20, 21, 22]), 0);
+    assert_eq!(d.stored_prefix(&chain(&[20, 21, 22])), 3);
+    assert_eq!(d.usage(0), (400, 0, 200));
+    assert_eq!(d.stored_prefix(&chain(&[7, 8, 9, 10, 11, 12, 13])), 3);
     let events = d.events.take().unwrap();
     let first_demotion = events
         .iter()
@@ -132,6 +140,28 @@ fn replicas_go_before_owned_tensors_and_owned_ones_are_demoted_then_dropped() {
             .iter()
             .any(|e| matches!(e, StoreEvent::Dropped { .. }))
     );
+    d.check().unwrap();
+}
+
+#[test]
+fn an_insert_never_demotes_or_drops_the_prefix_it_extends() {
+    // Node 0: room for 2 tensors in host memory and 2 on SSD. A prompt of 4 chunks.
+    let mut d = Directory::new(params(1, 2, 0, 2));
+    d.events = Some(Vec::new());
+    let out = d.insert(&chain(&[1, 2, 3, 4]), 0);
+    assert!(out.refused);
+    assert_eq!(out.new_tensors, 2);
+    assert_eq!(d.stored_prefix(&chain(&[1, 2, 3, 4])), 2);
+    let events = d.events.take().unwrap();
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, StoreEvent::Demoted { .. } | StoreEvent::Dropped { .. }))
+    );
+    assert!(matches!(
+        events.last(),
+        Some(StoreEvent::Refused { node: 0, index: 2 })
+    ));
     d.check().unwrap();
 }
 
