@@ -34,6 +34,7 @@ mod charts;
 mod data;
 mod font;
 mod report;
+mod table;
 
 use std::path::{Path, PathBuf};
 
