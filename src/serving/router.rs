@@ -86,8 +86,30 @@ impl Router {
 
     fn done(&mut self, req: ReqId) {
         let instance = self.records[req.0 as usize].instance as usize;
-        self.outstanding[instance] -= 1;
-        self.in_flight -= 1;
+        match self.outstanding.get_mut(instance) {
+            Some(n) if *n > 0 && self.in_flight > 0 => {
+                *n -= 1;
+                self.in_flight -= 1;
+            }
+            _ => unexpected(
+                &mut self.violations,
+                "router",
+                &format!("an end of request {} that is not in flight", req.0),
+            ),
+        }
+    }
+
+    /// Whether `req` names a request of the trace; records a violation if not.
+    fn known(&mut self, req: ReqId) -> bool {
+        let ok = (req.0 as usize) < self.records.len();
+        if !ok {
+            let what = format!(
+                "a message about request {}, which is not in the trace",
+                req.0
+            );
+            unexpected(&mut self.violations, "router", &what);
+        }
+        ok
     }
 }
 
@@ -98,6 +120,8 @@ impl Actor<Msg> for Router {
 
     fn handle(&mut self, msg: Msg, ctx: &mut dyn Context<Msg>) {
         match msg {
+            Msg::Arrival(req) | Msg::FirstToken(req) | Msg::Rejected(req) if !self.known(req) => {}
+            Msg::Finished(c) if !self.known(c.req) => {}
             Msg::Arrival(req) => {
                 let i = self.pick();
                 self.outstanding[i] += 1;
@@ -121,7 +145,8 @@ impl Actor<Msg> for Router {
                 record.reused = c.reused;
                 record.loaded_bytes = c.loaded_bytes;
                 record.preemptions = c.preemptions;
-                record.network_bytes += TOKEN_ID_BYTES * (record.output_tokens as u64 - 1);
+                record.network_bytes +=
+                    TOKEN_ID_BYTES * (record.output_tokens as u64).saturating_sub(1);
                 self.done(c.req);
             }
             Msg::Rejected(req) => {

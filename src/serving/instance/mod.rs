@@ -264,15 +264,17 @@ impl Instance {
 
     /// The metadata service answered: start every load group at once.
     fn lookup_reply(&mut self, req: ReqId, plan: LoadPlan, ctx: &mut dyn Context<Msg>) {
-        let st = self.store.as_ref().expect("store policy");
-        let l = self
-            .loading
-            .get_mut(&req)
-            .expect("lookup of a loading request");
+        let (Some(st), Some(l)) = (self.store.as_ref(), self.loading.get_mut(&req)) else {
+            let me = format!("instance {}", self.index);
+            let what = format!("a lookup reply for request {} that is not loading", req.0);
+            unexpected(&mut self.violations, &me, &what);
+            return;
+        };
         l.seq.stored_chunks = plan.stored_chunks;
         if plan.groups.is_empty() {
-            let l = self.loading.remove(&req).expect("present");
-            self.enqueue(l.seq, ctx);
+            if let Some(l) = self.loading.remove(&req) {
+                self.enqueue(l.seq, ctx);
+            }
             return;
         }
         l.pending = Some(plan.groups.len() as u32);
@@ -306,18 +308,21 @@ impl Instance {
 
     /// One load group arrived; when all have, the request joins the queue.
     fn loaded(&mut self, req: ReqId, ctx: &mut dyn Context<Msg>) {
-        let l = self
-            .loading
-            .get_mut(&req)
-            .expect("load of a loading request");
-        let pending = l.pending.as_mut().expect("loads were started");
-        *pending -= 1;
+        let pending = self.loading.get_mut(&req).and_then(|l| l.pending.as_mut());
+        let (Some(pending), Some(st)) = (pending, self.store.as_ref()) else {
+            let me = format!("instance {}", self.index);
+            let what = format!("a load for request {} that is not loading", req.0);
+            unexpected(&mut self.violations, &me, &what);
+            return;
+        };
+        *pending = pending.saturating_sub(1);
         if *pending > 0 {
             return;
         }
-        let mut seq = self.loading.remove(&req).expect("present").seq;
+        let Some(Loading { mut seq, .. }) = self.loading.remove(&req) else {
+            return;
+        };
         if !seq.replicate.is_empty() {
-            let st = self.store.as_ref().expect("store policy");
             let ids = std::mem::take(&mut seq.replicate);
             let bytes = ids.len() as u64 * st.tensor_bytes;
             ctx.send(
@@ -458,7 +463,11 @@ impl Instance {
 
     /// Applies the results of the iteration that just ended.
     fn work_done(&mut self, ctx: &mut dyn Context<Msg>) {
-        let started = self.busy_since.take().expect("work done while idle");
+        let Some(started) = self.busy_since.take() else {
+            let me = format!("instance {}", self.index);
+            unexpected(&mut self.violations, &me, &"a work-done notice while idle");
+            return;
+        };
         self.stats.busy += ctx.now() - started;
         let keep = self.policy.keep_gpu_blocks();
         let block_size = self.cfg.block_size;

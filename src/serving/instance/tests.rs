@@ -197,3 +197,23 @@ fn a_repeated_prompt_reuses_its_blocks_but_recomputes_its_last_token() {
     drain(&mut i, &mut s);
     assert_eq!(i.stats().pool.hit_blocks, 3);
 }
+
+#[test]
+fn unexpected_messages_are_violations_not_panics() {
+    let mut s = script();
+    let mut i = instance(trace(&[32], 2), Arc::new(Vanilla), 100, 1024, &s);
+    // A work-done notice while idle, a load and a lookup reply for a request that is not
+    // loading, and a message meant for the router.
+    i.handle(Msg::WorkDone, &mut s);
+    i.handle(Msg::Loaded(ReqId(7)), &mut s);
+    i.handle(Msg::Arrival(ReqId(0)), &mut s);
+    assert!(s.batches.is_empty() && s.sent.is_empty());
+    let mut report = Report::default();
+    i.report(&mut report);
+    assert_eq!(report.violations.len(), 3, "{:?}", report.violations);
+    assert!(report.violations[0].contains("instance 0 cannot handle"));
+    // The instance still serves requests.
+    i.handle(Msg::Submit(ReqId(0)), &mut s);
+    drain(&mut i, &mut s);
+    assert_eq!(s.sent, ["first 0", "finished 0 preempted 0"]);
+}
