@@ -270,6 +270,10 @@ fn describe_serving(s: &Scenario) -> String {
         let labels: Vec<&str> = s.points.iter().map(|p| p.label.as_str()).collect();
         let _ = writeln!(o, "  sweep: {} points: {}", labels.len(), labels.join(", "));
     }
+    if !s.faults.is_empty() {
+        let kinds: Vec<&str> = s.faults.iter().map(|f| f.kind()).collect();
+        let _ = writeln!(o, "  faults: {}", kinds.join(", "));
+    }
     o
 }
 

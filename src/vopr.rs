@@ -12,8 +12,10 @@
 //!
 //! A seed fails when a simulation returns an error (a broken limit or invariant, with the
 //! simulated time at which it broke), when a request ends neither finished nor rejected, or
-//! when the two simulations of one policy differ in any byte of their results. Faults are not
-//! injected yet (the serving system has no fault model yet).
+//! when the two simulations of one policy differ in any byte of their results. Half of the
+//! seeds also inject up to three random faults (`[[fault]]`: node crashes, store restarts,
+//! links slowed or cut, GPUs slowed) while the trace runs; then a request may also end failed,
+//! with a reason.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -40,6 +42,11 @@ pub struct SeedOutcome {
     /// Requests finished and rejected over all policies (first simulation of each).
     pub finished: u64,
     pub rejected: u64,
+    /// Requests failed by a fault, and requests failed over to another instance.
+    pub failed: u64,
+    pub failovers: u64,
+    /// Faults the scenario injects.
+    pub faults: usize,
     /// What the scenarios exercised (first simulation of each policy): preemptions of
     /// running sequences, and tensors the stores demoted to SSD, dropped and replicated.
     pub preemptions: u64,
@@ -107,6 +114,37 @@ pub fn scenario_text(seed: u64) -> String {
     let waiting = 2 + pick(requests);
     let consolidate = pick(2) == 0;
     let gpu_cache = pick(4) != 0;
+    // Faults within the trace's span.
+    let span_ms = (1000 * requests / rate).max(1);
+    let mut faults = String::new();
+    if pick(2) == 0 {
+        for _ in 0..1 + pick(3) {
+            let node = pick(nodes);
+            let at = format!("at_s = {:.3}", pick(span_ms) as f64 / 1000.0);
+            let window = format!("for_s = {:.3}", (1 + pick(span_ms)) as f64 / 1000.0);
+            let _ = match pick(4) {
+                0 => writeln!(
+                    faults,
+                    "[[fault]]\nkind = \"node-crash\"\nnode = {node}\n{at}"
+                ),
+                1 => writeln!(
+                    faults,
+                    "[[fault]]\nkind = \"store-restart\"\nnode = {node}\n{at}"
+                ),
+                2 => writeln!(
+                    faults,
+                    "[[fault]]\nkind = \"link-slow\"\nnode = {node}\n{at}\n{window}\nfactor = {}",
+                    [0.0, 0.1, 0.5][pick(3) as usize]
+                ),
+                _ => writeln!(
+                    faults,
+                    "[[fault]]\nkind = \"gpu-slow\"\nnode = {node}\ngpu = {}\n{at}\n{window}\nfactor = {}",
+                    pick(gpus),
+                    [0.05, 0.25, 0.5][pick(3) as usize]
+                ),
+            };
+        }
+    }
     let mut t = String::new();
     let _ = write!(
         t,
@@ -200,7 +238,8 @@ consolidate = {consolidate}
 max_events = 10000000
 max_sim_time_s = 86400.0
 max_pending_events = 1000000
-"#,
+
+{faults}"#,
         gpu_gib = gpu_mib as f64 / 1024.0,
         nics = 1 + (seed % 2),
         nic = [25, 100, 200][(seed % 3) as usize],
@@ -232,6 +271,9 @@ pub fn run_seed(seed: u64) -> Result<SeedOutcome, SeedFailure> {
         events: 0,
         finished: 0,
         rejected: 0,
+        failed: 0,
+        failovers: 0,
+        faults: s.faults.len(),
         preemptions: 0,
         demoted: 0,
         dropped: 0,
@@ -256,13 +298,15 @@ pub fn run_seed(seed: u64) -> Result<SeedOutcome, SeedFailure> {
                     out.dropped += st.stats.dropped;
                     out.replicated += st.stats.replicated;
                 }
+                out.failovers += r.report.failovers;
                 for rec in &r.report.records {
-                    match (rec.completed(), rec.rejected) {
-                        (true, false) => out.finished += 1,
-                        (false, true) => out.rejected += 1,
+                    match (rec.completed(), rec.rejected, rec.failed.is_some()) {
+                        (true, false, false) => out.finished += 1,
+                        (false, true, false) => out.rejected += 1,
+                        (false, false, true) => out.failed += 1,
                         _ => {
                             return Err(fail(format!(
-                                "{}: request {} ended neither finished nor rejected",
+                                "{}: request {} did not end exactly one way (finished, rejected or failed)",
                                 policy.name(),
                                 rec.id
                             )));

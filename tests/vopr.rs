@@ -9,6 +9,7 @@ const CI_SEEDS: u64 = 16;
 #[test]
 fn random_scenarios_keep_every_invariant_and_are_deterministic() {
     let (mut preemptions, mut rejected, mut dropped, mut replicated) = (0, 0, 0, 0);
+    let (mut faults, mut failed, mut failovers) = (0, 0, 0);
     for seed in 0..CI_SEEDS {
         let o = run_seed(seed).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(o.simulations, 8, "seed {seed}: four policies, twice each");
@@ -16,12 +17,18 @@ fn random_scenarios_keep_every_invariant_and_are_deterministic() {
         rejected += o.rejected;
         dropped += o.dropped;
         replicated += o.replicated;
+        faults += o.faults;
+        failed += o.failed;
+        failovers += o.failovers;
     }
     // The seeds exercise what the invariants guard: without these, the checks prove little.
     assert!(preemptions > 0, "no seed preempted a sequence");
     assert!(rejected > 0, "no seed rejected a request");
     assert!(dropped > 0, "no seed dropped a stored tensor");
     assert!(replicated > 0, "no seed replicated a tensor");
+    assert!(faults > 0, "no seed injected a fault");
+    assert!(failed > 0, "no fault failed a request");
+    assert!(failovers > 0, "no request failed over");
 }
 
 #[test]

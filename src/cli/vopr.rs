@@ -25,12 +25,16 @@ pub(crate) fn vopr(from: u64, count: u64, seed: Option<u64>, print: bool) -> Exi
                 events += o.events;
                 simulations += o.simulations;
                 println!(
-                    "seed {s}: ok ({} simulations, {} events; requests: {} finished, {} rejected, \
-                     {} preemptions; tensors: {} demoted, {} dropped, {} replicated)",
+                    "seed {s}: ok ({} simulations, {} events, {} faults; requests: {} finished, \
+                     {} rejected, {} failed, {} failed over, {} preemptions; tensors: {} demoted, \
+                     {} dropped, {} replicated)",
                     o.simulations,
                     o.events,
+                    o.faults,
                     o.finished,
                     o.rejected,
+                    o.failed,
+                    o.failovers,
                     o.preemptions,
                     o.demoted,
                     o.dropped,

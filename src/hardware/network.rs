@@ -57,6 +57,10 @@ struct Link {
     bandwidth: f64,
     free_at: Nanos,
     bytes: u64,
+    /// Fraction of `bandwidth` available now (a `link-slow` fault; 1 otherwise).
+    factor: f64,
+    /// A cut link carries nothing before this time (a `link-slow` fault with factor 0).
+    blocked_until: Nanos,
 }
 
 /// Byte counters per kind of link, for results.
@@ -91,6 +95,8 @@ impl Network {
             bandwidth: link.bandwidth,
             free_at: Nanos::ZERO,
             bytes: 0,
+            factor: 1.0,
+            blocked_until: Nanos::ZERO,
         };
         Network {
             spec: Shape {
@@ -118,6 +124,8 @@ impl Network {
             bandwidth: spec.network.nic.bandwidth,
             free_at: Nanos::ZERO,
             bytes: 0,
+            factor: 1.0,
+            blocked_until: Nanos::ZERO,
         };
         links.resize(2 * (spec.nodes as usize * nics + 1), nic);
         let pcie = Link {
@@ -228,14 +236,13 @@ impl Network {
                 _ => return now,
             },
         }
-        let bandwidth = self.links[path[0]]
-            .bandwidth
-            .min(self.links[path[1]].bandwidth);
+        let (a, b) = (&self.links[path[0]], &self.links[path[1]]);
+        let bandwidth = (a.bandwidth * a.factor).min(b.bandwidth * b.factor);
         let d = Nanos::for_bytes(bytes, bandwidth);
         let (mut start, mut done) = (now, now);
         for &l in &path[..if path[0] == path[1] { 1 } else { 2 }] {
             let link = &mut self.links[l];
-            start = start.max(link.free_at);
+            start = start.max(link.free_at).max(link.blocked_until);
             done = (start + d).max(done);
             link.free_at = done;
             link.bytes += bytes;
@@ -246,6 +253,21 @@ impl Network {
             _ => self.totals.nvlink += bytes,
         }
         done + latency
+    }
+
+    /// Sets the NICs of `node` (both directions) to `factor` of their bandwidth, carrying
+    /// nothing before `blocked_until` (a `link-slow` fault; `(1.0, ZERO)` restores them). A
+    /// transfer is charged the rate of the moment it is issued.
+    pub fn set_nics(&mut self, node: u32, factor: f64, blocked_until: Nanos) {
+        if node >= self.spec.nodes {
+            return;
+        }
+        let nics = self.spec.nics_per_node as usize;
+        let first = 2 * node as usize * nics;
+        for link in &mut self.links[first..first + 2 * nics] {
+            link.factor = factor;
+            link.blocked_until = blocked_until;
+        }
     }
 
     fn ssd_base(&self) -> usize {

@@ -41,6 +41,9 @@ pub struct RequestRecord {
     pub preemptions: u32,
     pub network_bytes: u64,
     pub rejected: bool,
+    /// Why the request failed (a fault), if it did; not a column of `requests.csv`, whose
+    /// `status` says `failed`.
+    pub failed: Option<String>,
 }
 
 impl RequestRecord {
@@ -69,6 +72,7 @@ impl RequestRecord {
             preemptions: 0,
             network_bytes: 0,
             rejected: false,
+            failed: None,
         }
     }
 
@@ -109,6 +113,8 @@ pub struct Report {
     /// Pipeline runs: the tokens each completed request generated, by request id (not
     /// written to the CSV files; for comparing hosts and backends).
     pub outputs: Vec<(u32, Vec<u32>)>,
+    /// Requests the router sent to another instance after theirs crashed (faults).
+    pub failovers: u64,
 }
 
 impl Report {
@@ -121,7 +127,9 @@ impl Report {
             store,
             violations,
             outputs,
+            failovers,
         } = part;
+        self.failovers += failovers;
         self.records.extend(records);
         self.instances.extend(instances);
         if store.is_some() {
@@ -287,6 +295,7 @@ mod tests {
             preemptions: 0,
             network_bytes: 0,
             rejected: false,
+            failed: None,
         };
         assert_eq!(r.ttft(), Some(Nanos(1_000)));
         assert_eq!(r.tpot(), Some(Nanos(1_000)));

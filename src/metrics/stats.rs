@@ -33,6 +33,9 @@ pub struct StoreStats {
     /// Inserts stopped early because the writer's node had no room without evicting the
     /// prefix being extended (not a column of `summary.csv`).
     pub refused: u64,
+    /// Tensors lost with their node or store server (faults), and the ones that extended
+    /// them; not a column of `summary.csv`.
+    pub lost: u64,
 }
 
 /// What the store did over a run.

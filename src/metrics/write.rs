@@ -70,7 +70,9 @@ pub fn write_requests<W: Write>(
     w.write_record(header)?;
     for (point, policy, records) in runs {
         for r in records.iter() {
-            let status = if r.rejected {
+            let status = if r.failed.is_some() {
+                "failed"
+            } else if r.rejected {
                 "rejected"
             } else if r.completed() {
                 "ok"

@@ -10,6 +10,7 @@
 //! syntax error also gives the line and column. Unknown keys are errors, so a misspelt key or
 //! a key with the wrong unit (`memory_gb` for `memory_gib`) is caught, not ignored.
 
+pub(crate) mod fault;
 pub(crate) mod hardware;
 pub(crate) mod sweep;
 

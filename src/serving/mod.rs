@@ -6,6 +6,7 @@
 //! [`store::metadata::Metadata`]) exchange [`Msg`]; [`policy`] holds the strategies.
 
 pub(crate) mod block_pool;
+pub mod chaos;
 pub mod instance;
 pub mod msg;
 pub mod policy;

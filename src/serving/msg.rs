@@ -16,18 +16,19 @@ pub enum Msg {
     Submit(ReqId),
     /// The work an actor started has finished.
     WorkDone,
-    /// Instance -> router: the first output token of a request.
-    FirstToken(ReqId),
+    /// Instance (by index) -> router: the first output token of a request.
+    FirstToken(ReqId, u32),
     /// Instance -> router: a request generated its last token.
     Finished(Box<Completion>),
-    /// Instance -> router: the request cannot be served (queue full, or longer than the
-    /// instance's whole KV memory).
-    Rejected(ReqId),
+    /// Instance (by index) -> router: the request cannot be served (queue full, or longer
+    /// than the instance's whole KV memory).
+    Rejected(ReqId, u32),
     /// Instance -> metadata: the longest stored prefix of this chain of tensor ids, skipping
     /// the first `skip` tensors (the instance already holds them).
     Lookup(Box<Lookup>),
-    /// Metadata -> instance: where the stored prefix is.
-    LookupReply(ReqId, Box<LoadPlan>),
+    /// Metadata -> instance: where the stored prefix is, and how many store losses the
+    /// metadata service had learned of when it planned (see [`Msg::StoreLost`]).
+    LookupReply(ReqId, Box<LoadPlan>, u32),
     /// Instance -> store server of another node: read these bytes from SSD and send them.
     ReadSsd {
         req: ReqId,
@@ -52,6 +53,17 @@ pub enum Msg {
     },
     /// Metadata -> store server: write this many demoted bytes to SSD (in the background).
     Demote { bytes: u64 },
+    /// Fault injection (`node-crash`) -> an instance or store server of the crashed node: it
+    /// is gone and drops every message from now on.
+    Crash,
+    /// Fault injection -> router, metadata, instances: node `n` is down for good, as a
+    /// membership service would tell them.
+    NodeDown(u32),
+    /// Fault injection (`store-restart`) -> metadata, instances: the store server of node `n`
+    /// lost every tensor it held.
+    StoreLost(u32),
+    /// The fault injector's own timer: inject fault `i` of its list now.
+    Inject(u32),
 }
 
 /// A prefix lookup.

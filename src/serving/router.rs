@@ -6,6 +6,12 @@
 //! to the lowest index). The router only knows what it has been told by messages, as a real
 //! router would. Arrivals are chained timers (one pending at a time), so the event queue
 //! holds the requests in flight, not the whole trace.
+//!
+//! Faults: when told that a node is down ([`Msg::NodeDown`]), the router stops sending to the
+//! node's instances and fails their requests over: a request that has not streamed a token yet
+//! is sent to a live instance (chosen as any other, and counted in `Report::failovers`); one
+//! that has is failed with the reason, as is any request when no live instance is left.
+//! Messages that a crashed instance sent before it crashed are ignored when they arrive.
 
 use std::sync::Arc;
 
@@ -36,10 +42,20 @@ pub struct Router {
     violations: Vec<String>,
     /// Requests sent to an instance and not yet finished or rejected.
     in_flight: u64,
+    /// The node of each instance, and whether it is alive.
+    nodes: Vec<u32>,
+    alive: Vec<bool>,
+    failovers: u64,
 }
 
 impl Router {
-    pub fn new(trace: Arc<Trace>, instances: Vec<ActorId>, strategy: RouterStrategy) -> Router {
+    /// A router over `instances`, running on `nodes` (one per instance).
+    pub fn new(
+        trace: Arc<Trace>,
+        instances: Vec<ActorId>,
+        nodes: Vec<u32>,
+        strategy: RouterStrategy,
+    ) -> Router {
         let records = trace
             .ids()
             .map(|id| {
@@ -56,6 +72,9 @@ impl Router {
             records,
             violations: Vec::new(),
             in_flight: 0,
+            alive: vec![true; nodes.len()],
+            nodes,
+            failovers: 0,
         }
     }
 
@@ -65,23 +84,83 @@ impl Router {
         }
     }
 
-    fn pick(&mut self) -> usize {
+    /// The instance for the next request, among the live ones; `None` when none is left.
+    fn pick(&mut self) -> Option<usize> {
+        let n = self.instances.len();
         match self.strategy {
             RouterStrategy::RoundRobin => {
-                let i = self.next_rr;
-                self.next_rr = (i + 1) % self.instances.len();
-                i
+                // Bounded: at most one round over the instances.
+                for _ in 0..n {
+                    let i = self.next_rr;
+                    self.next_rr = (i + 1) % n;
+                    if self.alive[i] {
+                        return Some(i);
+                    }
+                }
+                None
             }
-            RouterStrategy::LeastLoaded => {
-                let (i, _) = self
-                    .outstanding
-                    .iter()
-                    .enumerate()
-                    .min_by_key(|&(i, &n)| (n, i))
-                    .expect("at least one instance");
-                i
-            }
+            RouterStrategy::LeastLoaded => self
+                .outstanding
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| self.alive[i])
+                .min_by_key(|&(i, &n)| (n, i))
+                .map(|(i, _)| i),
         }
+    }
+
+    /// Sends `req` to a live instance, or fails it with `reason` when none is left.
+    fn dispatch(&mut self, req: ReqId, reason: &str, ctx: &mut dyn Context<Msg>) {
+        let Some(i) = self.pick() else {
+            self.records[req.0 as usize].failed = Some(reason.to_string());
+            return;
+        };
+        let record = &mut self.records[req.0 as usize];
+        self.outstanding[i] += 1;
+        self.in_flight += 1;
+        record.instance = i as u32;
+        let bytes = TOKEN_ID_BYTES * record.prompt_tokens as u64;
+        record.network_bytes += bytes;
+        ctx.send(self.instances[i], Msg::Submit(req), bytes);
+    }
+
+    /// Node `node` is down: its instances take no more requests, and theirs fail over.
+    fn node_down(&mut self, node: u32, ctx: &mut dyn Context<Msg>) {
+        let mut moved = Vec::new();
+        for i in 0..self.instances.len() {
+            if self.nodes[i] != node || !self.alive[i] {
+                continue;
+            }
+            self.alive[i] = false;
+            // Bounded by the trace: the records of the instance's requests in flight.
+            for r in &self.records {
+                let in_flight = r.end.is_none() && !r.rejected && r.failed.is_none();
+                if r.instance == i as u32 && in_flight {
+                    moved.push((ReqId(r.id), r.first_token.is_some()));
+                }
+            }
+            self.in_flight -= self.outstanding[i] as u64;
+            self.outstanding[i] = 0;
+        }
+        for (req, streamed) in moved {
+            let old = self.records[req.0 as usize].instance;
+            if streamed {
+                self.records[req.0 as usize].failed = Some(format!(
+                    "instance {old} crashed with node {node} after the first token"
+                ));
+                continue;
+            }
+            self.failovers += 1;
+            let reason = format!("instance {old} crashed with node {node}; no live instance left");
+            self.dispatch(req, &reason, ctx);
+        }
+    }
+
+    /// Whether a message from instance `i` about `req` is current (not from a crashed
+    /// instance, or about a request since sent elsewhere).
+    fn current(&self, req: ReqId, i: u32) -> bool {
+        let r = &self.records[req.0 as usize];
+        r.instance == i && self.alive.get(i as usize) == Some(&true) && r.failed.is_none()
     }
 
     fn done(&mut self, req: ReqId) {
@@ -120,25 +199,19 @@ impl Actor<Msg> for Router {
 
     fn handle(&mut self, msg: Msg, ctx: &mut dyn Context<Msg>) {
         match msg {
-            Msg::Arrival(req) | Msg::FirstToken(req) | Msg::Rejected(req) if !self.known(req) => {}
+            Msg::Arrival(req) | Msg::FirstToken(req, _) | Msg::Rejected(req, _)
+                if !self.known(req) => {}
             Msg::Finished(c) if !self.known(c.req) => {}
             Msg::Arrival(req) => {
-                let i = self.pick();
-                self.outstanding[i] += 1;
-                self.in_flight += 1;
-                let record = &mut self.records[req.0 as usize];
-                record.instance = i as u32;
-                let bytes = TOKEN_ID_BYTES * record.prompt_tokens as u64;
-                record.network_bytes += bytes;
-                ctx.send(self.instances[i], Msg::Submit(req), bytes);
+                self.dispatch(req, "no live instance", ctx);
                 self.schedule_arrival(req.0 + 1, ctx);
             }
-            Msg::FirstToken(req) => {
+            Msg::FirstToken(req, i) if self.current(req, i) => {
                 let record = &mut self.records[req.0 as usize];
                 record.first_token = Some(ctx.now());
                 record.network_bytes += TOKEN_ID_BYTES;
             }
-            Msg::Finished(c) => {
+            Msg::Finished(c) if self.current(c.req, c.instance) => {
                 let record = &mut self.records[c.req.0 as usize];
                 record.end = Some(ctx.now());
                 record.admitted = Some(c.admitted_at);
@@ -149,10 +222,13 @@ impl Actor<Msg> for Router {
                     TOKEN_ID_BYTES * (record.output_tokens as u64).saturating_sub(1);
                 self.done(c.req);
             }
-            Msg::Rejected(req) => {
+            Msg::Rejected(req, i) if self.current(req, i) => {
                 self.records[req.0 as usize].rejected = true;
                 self.done(req);
             }
+            // Sent by an instance before it crashed: the request has moved on.
+            Msg::FirstToken(..) | Msg::Finished(_) | Msg::Rejected(..) => {}
+            Msg::NodeDown(node) => self.node_down(node, ctx),
             other => unexpected(&mut self.violations, "router", &other),
         }
     }
@@ -171,7 +247,7 @@ impl Actor<Msg> for Router {
     fn report(&self, report: &mut Report) {
         report.violations.extend(self.violations.iter().cloned());
         for r in &self.records {
-            if r.end.is_none() && !r.rejected {
+            if r.end.is_none() && !r.rejected && r.failed.is_none() {
                 report
                     .violations
                     .push(format!("request {} never finished", r.id));
@@ -179,5 +255,6 @@ impl Actor<Msg> for Router {
             }
         }
         report.records.extend(self.records.iter().cloned());
+        report.failovers += self.failovers;
     }
 }

@@ -18,6 +18,8 @@ use crate::hardware::Place;
 use crate::hardware::network::{LinkBytes, Network};
 use crate::metrics::{Report, Summary};
 use crate::model::cost::BatchShape;
+use crate::serving::Msg;
+use crate::serving::chaos::{Chaos, Targets};
 use crate::serving::instance::{Instance, StoreLink};
 use crate::serving::policy::Policy;
 use crate::serving::policy::PolicyKind;
@@ -27,6 +29,7 @@ use crate::serving::store::StoreRules;
 use crate::serving::store::directory::{Directory, StoreParams};
 use crate::serving::store::metadata::Metadata;
 use crate::serving::store::server::StoreServer;
+use crate::sim::fault::Fault;
 use crate::sim::host::FetchOverhead;
 use crate::sim::host::{DEFAULT_CHECK_EVERY, SimHost};
 use crate::sim::kernel::SimError;
@@ -123,10 +126,16 @@ pub fn simulate_checked(
     let metadata_id = ActorId(1 + n);
     let server_ids: Vec<ActorId> = (0..s.hardware.nodes).map(|i| ActorId(2 + n + i)).collect();
     let rules = policy_impl.store_rules();
-    let added = host.add(
-        Box::new(Router::new(trace.clone(), instance_ids, s.serving.router)),
-        Place::Frontend,
+    let nodes: Vec<u32> = (0..n)
+        .map(|i| s.instance_place(i).node().unwrap_or(0))
+        .collect();
+    let router = Router::new(
+        trace.clone(),
+        instance_ids.clone(),
+        nodes.clone(),
+        s.serving.router,
     );
+    let added = host.add(Box::new(router), Place::Frontend);
     debug_assert_eq!(added, router_id);
     for i in 0..n {
         let place = s.instance_place(i);
@@ -168,6 +177,22 @@ pub fn simulate_checked(
             );
         }
     }
+    if !s.faults.is_empty() {
+        inject(
+            s,
+            &mut host,
+            Targets {
+                router: router_id,
+                instances: instance_ids.into_iter().zip(nodes).collect(),
+                metadata: rules.map(|_| metadata_id),
+                servers: if rules.is_some() {
+                    server_ids
+                } else {
+                    Vec::new()
+                },
+            },
+        );
+    }
     let outcome = host.run()?;
     let summary = Summary::new(policy.name(), &outcome.report, outcome.events);
     Ok(PolicyRun {
@@ -177,6 +202,38 @@ pub fn simulate_checked(
         link_bytes: outcome.link_bytes,
         wall: started.elapsed(),
     })
+}
+
+/// Adds the scenario's faults: hardware ones to the host, the others to a fault injector
+/// (added last, so that scenarios without faults keep their actor ids).
+fn inject(s: &Scenario, host: &mut SimHost<Msg>, targets: Targets) {
+    let tp = s.serving.tensor_parallel;
+    for f in &s.faults {
+        match *f {
+            Fault::LinkSlow {
+                node,
+                at,
+                until,
+                factor,
+            } => host.slow_nics(node, at, until, factor),
+            Fault::GpuSlow {
+                node,
+                gpu,
+                at,
+                until,
+                factor,
+            } => {
+                // The instance whose tensor-parallel group holds the GPU runs at its first GPU.
+                let place = Place::Gpu {
+                    node,
+                    gpu: gpu - gpu % tp,
+                };
+                host.slow_device(place, at, until, factor);
+            }
+            _ => {}
+        }
+    }
+    host.add(Box::new(Chaos::new(&s.faults, targets)), Place::Frontend);
 }
 
 /// Simulates every policy of the scenario on one trace, in scenario order (no sweep).

@@ -49,6 +49,20 @@ struct Slot<M> {
     rng: Stream,
 }
 
+/// A change of the hardware at a time: a `link-slow` or `gpu-slow` fault starting or ending.
+#[derive(Clone, Copy, Debug)]
+enum Change {
+    Nics {
+        node: u32,
+        factor: f64,
+        blocked_until: Nanos,
+    },
+    Device {
+        device: usize,
+        factor: f64,
+    },
+}
+
 /// Events between two checks of every actor's invariants: 1,024 in builds with debug
 /// assertions (tests), none (0) in release builds.
 pub const DEFAULT_CHECK_EVERY: u64 = if cfg!(debug_assertions) { 1024 } else { 0 };
@@ -68,6 +82,10 @@ pub struct SimHost<M> {
     violations: Vec<String>,
     /// Events between invariant checks of every actor; 0 for none.
     check_every: u64,
+    /// Hardware changes still to come, latest first (applied before the first event at or
+    /// after their time), and each device's fraction of its full compute speed.
+    changes: Vec<(Nanos, Change)>,
+    device_speed: Vec<f64>,
 }
 
 /// Fixed costs of posting a bulk fetch: per request and per gathered segment.
@@ -84,6 +102,8 @@ struct SimCtx<'a, M> {
     /// The place of every actor, by id.
     actor_places: &'a [Place],
     compute_free: &'a mut [Nanos],
+    /// The fraction of full speed this actor's device computes at now.
+    device_speed: f64,
     violations: &'a mut Vec<String>,
     device: usize,
     me: ActorId,
@@ -132,6 +152,11 @@ impl<M> Context<M> for SimCtx<'_, M> {
                 })
             }
             Work::Compute(d) => {
+                let d = if self.device_speed == 1.0 {
+                    d
+                } else {
+                    Nanos::from_secs_f64(d.as_secs_f64() / self.device_speed)
+                };
                 let free = &mut self.compute_free[self.device];
                 *free = now.max(*free) + d;
                 *free
@@ -184,6 +209,78 @@ impl<M> SimHost<M> {
             compute_free: Vec::new(),
             violations: Vec::new(),
             check_every: DEFAULT_CHECK_EVERY,
+            changes: Vec::new(),
+            device_speed: Vec::new(),
+        }
+    }
+
+    /// The compute device at `place` (made if no actor runs there yet).
+    fn device(&mut self, place: Place) -> usize {
+        let devices = self.compute_free.len();
+        let device = *self.device_of.entry(place).or_insert(devices);
+        if device == devices {
+            self.compute_free.push(Nanos::ZERO);
+            self.device_speed.push(1.0);
+        }
+        device
+    }
+
+    /// From `at` until `until`, the NICs of `node` run at `factor` of their bandwidth
+    /// (`factor = 0`: cut, nothing crosses them before `until`). See `crate::sim::fault`.
+    pub fn slow_nics(&mut self, node: u32, at: Nanos, until: Nanos, factor: f64) {
+        let (factor, blocked_until) = if factor > 0.0 {
+            (factor, Nanos::ZERO)
+        } else {
+            (1.0, until)
+        };
+        self.changes.push((
+            at,
+            Change::Nics {
+                node,
+                factor,
+                blocked_until,
+            },
+        ));
+        self.changes.push((
+            until,
+            Change::Nics {
+                node,
+                factor: 1.0,
+                blocked_until: Nanos::ZERO,
+            },
+        ));
+    }
+
+    /// From `at` until `until`, compute at `place` runs at `factor` (in (0, 1]) of its speed:
+    /// work started then takes `d / factor`.
+    pub fn slow_device(&mut self, place: Place, at: Nanos, until: Nanos, factor: f64) {
+        let device = self.device(place);
+        self.changes.push((at, Change::Device { device, factor }));
+        self.changes.push((
+            until,
+            Change::Device {
+                device,
+                factor: 1.0,
+            },
+        ));
+    }
+
+    /// Applies the hardware changes due at or before `now`.
+    fn apply_changes(&mut self, now: Nanos) {
+        // Bounded: each round removes one change.
+        while let Some(&(at, change)) = self.changes.last() {
+            if at > now {
+                break;
+            }
+            self.changes.pop();
+            match change {
+                Change::Nics {
+                    node,
+                    factor,
+                    blocked_until,
+                } => self.network.set_nics(node, factor, blocked_until),
+                Change::Device { device, factor } => self.device_speed[device] = factor,
+            }
         }
     }
 
@@ -199,11 +296,7 @@ impl<M> SimHost<M> {
     /// Adds an actor running at `place`; ids are given in order from 0.
     pub fn add(&mut self, actor: Box<dyn Actor<M>>, place: Place) -> ActorId {
         let id = ActorId(self.slots.len() as u32);
-        let devices = self.compute_free.len();
-        let device = *self.device_of.entry(place).or_insert(devices);
-        if device == devices {
-            self.compute_free.push(Nanos::ZERO);
-        }
+        let device = self.device(place);
         self.places.push(place);
         self.slots.push(Slot {
             actor,
@@ -237,7 +330,14 @@ impl<M> SimHost<M> {
             self.kernel
                 .schedule(Nanos::ZERO, ActorId(i as u32), Event::Start);
         }
+        // Latest first, so that the next change is the last; changes at one time apply in the
+        // order they were given (a stable sort, then reversed).
+        self.changes.sort_by_key(|c| c.0);
+        self.changes.reverse();
         while let Some(event) = self.kernel.pop()? {
+            if !self.changes.is_empty() {
+                self.apply_changes(event.time);
+            }
             let slot = &mut self.slots[event.target.0 as usize];
             let mut ctx = SimCtx {
                 fetch_overhead: self.fetch_overhead,
@@ -245,6 +345,7 @@ impl<M> SimHost<M> {
                 network: &mut self.network,
                 actor_places: &self.places,
                 compute_free: &mut self.compute_free,
+                device_speed: self.device_speed[slot.device],
                 violations: &mut self.violations,
                 device: slot.device,
                 me: event.target,

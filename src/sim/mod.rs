@@ -1,5 +1,6 @@
 //! The deterministic simulator: the event kernel and the host that runs actors on it.
 
+pub mod fault;
 pub mod host;
 pub mod kernel;
 mod parallel;

@@ -337,7 +337,10 @@ fn validate(
     let cost = tables::cost(&c, p, dir, &layers)?;
     let link = tables::link(&c, &p.link)?;
     let workload = tables::workload(&c, &r.workload, dir, &model)?;
-    let restarts = tables::restarts(&c, p, &r.workload, layers.len())?;
+    let faults = crate::scenario::fault::faults(&c, &r.fault, None)?;
+    let serving_only = ["node-crash", "store-restart", "link-slow", "gpu-slow"];
+    crate::scenario::fault::refuse(&c, &faults, "pipeline", &serving_only)?;
+    let restarts = tables::restarts(&c, p, &r.workload, layers.len(), &faults)?;
     let (limits, max_wall) = tables::limits(&c, &r.limits)?;
     Ok(PipelineScenario {
         name,

@@ -22,6 +22,9 @@ pub(super) struct Raw {
     #[serde(default)]
     pub(super) limits: RawLimits,
     pub(super) sweep: Option<toml::Table>,
+    /// `[[fault]]`: only `shard-restart` for pipelines.
+    #[serde(default)]
+    pub(super) fault: Vec<crate::scenario::fault::RawFault>,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
@@ -104,7 +107,7 @@ pub(super) struct RawPipeLink {
     pub(super) latency_us: f64,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawRestart {
     pub(super) shard: usize,

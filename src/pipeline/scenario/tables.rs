@@ -16,6 +16,7 @@ use crate::pipeline::RestartAt;
 use crate::pipeline::shard::{CacheLimits, DecodeMode};
 use crate::scenario::hardware::gpu_spec;
 use crate::scenario::{Check, MAX_REQUESTS, ScenarioError};
+use crate::sim::fault::Fault;
 use crate::sim::kernel::Limits;
 use crate::units::{GB, Nanos};
 
@@ -324,10 +325,33 @@ pub(super) fn restarts(
     p: &RawPipeline,
     w: &RawWorkload,
     shards: usize,
+    faults: &[Fault],
 ) -> Result<Vec<RestartAt>, ScenarioError> {
-    let mut restarts = Vec::with_capacity(p.restart.len());
-    for (i, x) in p.restart.iter().enumerate() {
-        let key = |f: &str| format!("pipeline.restart[{i}].{f}");
+    // `[[pipeline.restart]]` first, then `[[fault]]` tables of kind `shard-restart`.
+    let mut all: Vec<(String, RawRestart)> = p
+        .restart
+        .iter()
+        .enumerate()
+        .map(|(i, x)| (format!("pipeline.restart[{i}]"), x.clone()))
+        .collect();
+    for (i, f) in faults.iter().enumerate() {
+        if let Fault::ShardRestart {
+            shard,
+            request,
+            after_tokens,
+        } = *f
+        {
+            let x = RawRestart {
+                shard,
+                request,
+                after_tokens,
+            };
+            all.push((format!("fault[{i}]"), x));
+        }
+    }
+    let mut restarts = Vec::with_capacity(all.len());
+    for (prefix, x) in &all {
+        let key = |f: &str| format!("{prefix}.{f}");
         if x.shard >= shards {
             return Err(c.err(
                 &key("shard"),

@@ -112,6 +112,8 @@ struct Seq {
 struct Loading {
     seq: Seq,
     pending: Option<u32>,
+    /// The nodes its load groups come from.
+    sources: Vec<u32>,
 }
 
 impl Seq {
@@ -139,6 +141,11 @@ pub struct Instance {
     backend: Box<dyn BatchBackend>,
     /// Broken invariants and unexpected messages (errors are values).
     violations: Vec<String>,
+    /// Faults: crashed with its node (it drops every message), store losses learned of, and
+    /// load groups still to arrive for loads abandoned because their source was lost.
+    crashed: bool,
+    losses: u32,
+    stale_loads: BTreeMap<ReqId, u32>,
 }
 
 impl Instance {
@@ -169,6 +176,9 @@ impl Instance {
             loading: BTreeMap::new(),
             backend,
             violations: Vec::new(),
+            crashed: false,
+            losses: 0,
+            stale_loads: BTreeMap::new(),
         }
     }
 
@@ -197,7 +207,7 @@ impl Instance {
         let queued = self.waiting.len() + self.loading.len();
         if never_fits || queued >= self.cfg.max_waiting as usize {
             self.stats.rejected += 1;
-            ctx.send(self.router, Msg::Rejected(req), 8);
+            ctx.send(self.router, Msg::Rejected(req, self.index), 8);
             return;
         }
         let mut hashes = Vec::new();
@@ -248,7 +258,14 @@ impl Instance {
                 };
                 let bytes = 16 + 8 * lookup.chain.len() as u64;
                 ctx.send(st.metadata, Msg::Lookup(Box::new(lookup)), bytes);
-                self.loading.insert(req, Loading { seq, pending: None });
+                self.loading.insert(
+                    req,
+                    Loading {
+                        seq,
+                        pending: None,
+                        sources: Vec::new(),
+                    },
+                );
                 return;
             }
         }
@@ -263,7 +280,13 @@ impl Instance {
     }
 
     /// The metadata service answered: start every load group at once.
-    fn lookup_reply(&mut self, req: ReqId, plan: LoadPlan, ctx: &mut dyn Context<Msg>) {
+    fn lookup_reply(
+        &mut self,
+        req: ReqId,
+        plan: LoadPlan,
+        losses: u32,
+        ctx: &mut dyn Context<Msg>,
+    ) {
         let (Some(st), Some(l)) = (self.store.as_ref(), self.loading.get_mut(&req)) else {
             let me = format!("instance {}", self.index);
             let what = format!("a lookup reply for request {} that is not loading", req.0);
@@ -271,6 +294,13 @@ impl Instance {
             return;
         };
         l.seq.stored_chunks = plan.stored_chunks;
+        // Planned before a store loss this instance knows of: the plan may name lost tensors.
+        if losses < self.losses {
+            if let Some(Loading { seq, .. }) = self.loading.remove(&req) {
+                self.enqueue(Self::without_load(seq), ctx);
+            }
+            return;
+        }
         if plan.groups.is_empty() {
             if let Some(l) = self.loading.remove(&req) {
                 self.enqueue(l.seq, ctx);
@@ -278,6 +308,7 @@ impl Instance {
             return;
         }
         l.pending = Some(plan.groups.len() as u32);
+        l.sources = plan.groups.iter().map(|g| g.node).collect();
         l.seq.load_end = plan.stored_chunks * st.tensor_tokens;
         l.seq.replicate = plan.replicate;
         for g in &plan.groups {
@@ -308,6 +339,16 @@ impl Instance {
 
     /// One load group arrived; when all have, the request joins the queue.
     fn loaded(&mut self, req: ReqId, ctx: &mut dyn Context<Msg>) {
+        if !self.loading.contains_key(&req)
+            && let Some(n) = self.stale_loads.get_mut(&req)
+        {
+            // A group of a load abandoned after a store loss.
+            *n -= 1;
+            if *n == 0 {
+                self.stale_loads.remove(&req);
+            }
+            return;
+        }
         let pending = self.loading.get_mut(&req).and_then(|l| l.pending.as_mut());
         let (Some(pending), Some(st)) = (pending, self.store.as_ref()) else {
             let me = format!("instance {}", self.index);
@@ -335,6 +376,39 @@ impl Instance {
             );
         }
         self.enqueue(seq, ctx);
+    }
+
+    /// `seq` as if the store had held nothing beyond what the GPU cache holds: its prompt is
+    /// computed (and stored again after its prefill).
+    fn without_load(mut seq: Seq) -> Seq {
+        seq.load_end = seq.load_start;
+        seq.planned = [0; Tier::ALL.len()];
+        seq.loaded_bytes = [0; Tier::ALL.len()];
+        seq.replicate.clear();
+        seq.stored_chunks = 0;
+        seq
+    }
+
+    /// The store of `node` lost its tensors: loads from it are abandoned (their requests
+    /// recompute those tokens), and their groups still in flight are ignored when they come.
+    fn store_lost(&mut self, node: u32, ctx: &mut dyn Context<Msg>) {
+        self.losses += 1;
+        let hit: Vec<ReqId> = self
+            .loading
+            .iter()
+            .filter(|(_, l)| l.pending.is_some() && l.sources.contains(&node))
+            .map(|(&r, _)| r)
+            .collect();
+        for req in hit {
+            let Some(l) = self.loading.remove(&req) else {
+                continue;
+            };
+            let pending = l.pending.unwrap_or(0);
+            if pending > 0 {
+                *self.stale_loads.entry(req).or_insert(0) += pending;
+            }
+            self.enqueue(Self::without_load(l.seq), ctx);
+        }
     }
 
     fn preempt(&mut self, mut seq: Seq) {
@@ -513,7 +587,7 @@ impl Instance {
             }
             seq.generated += 1;
             if seq.generated == 1 {
-                ctx.send(self.router, Msg::FirstToken(seq.req), 4);
+                ctx.send(self.router, Msg::FirstToken(seq.req, self.index), 4);
             }
             if seq.generated < seq.output_len {
                 i += 1;
@@ -540,10 +614,15 @@ impl Instance {
 
 impl Actor<Msg> for Instance {
     fn handle(&mut self, msg: Msg, ctx: &mut dyn Context<Msg>) {
+        if self.crashed {
+            return;
+        }
         match msg {
             Msg::Submit(req) => self.submit(req, ctx),
             Msg::WorkDone => self.work_done(ctx),
-            Msg::LookupReply(req, plan) => self.lookup_reply(req, *plan, ctx),
+            Msg::LookupReply(req, plan, losses) => self.lookup_reply(req, *plan, losses, ctx),
+            Msg::Crash => self.crashed = true,
+            Msg::NodeDown(node) | Msg::StoreLost(node) => self.store_lost(node, ctx),
             Msg::Loaded(req) => self.loaded(req, ctx),
             other => {
                 let me = format!("instance {}", self.index);
@@ -553,11 +632,19 @@ impl Actor<Msg> for Instance {
     }
 
     fn check(&self) -> Result<(), String> {
+        if self.crashed {
+            return Ok(());
+        }
         self.invariants()
     }
 
     fn report(&self, report: &mut Report) {
         report.violations.extend(self.violations.iter().cloned());
+        if self.crashed {
+            // Its state stopped at the crash; the router accounted for its requests.
+            report.instances.push(self.stats());
+            return;
+        }
         let idle = self.busy_since.is_none() && self.load() == 0;
         let pool_ok = self.pool.check().and_then(|()| {
             if idle && self.pool.free_blocks() != self.pool.num_blocks() {

@@ -37,9 +37,9 @@ impl Context<Msg> for Script {
     }
     fn send(&mut self, _: ActorId, msg: Msg, _: u64) {
         self.sent.push(match msg {
-            Msg::FirstToken(r) => format!("first {}", r.0),
+            Msg::FirstToken(r, _) => format!("first {}", r.0),
             Msg::Finished(c) => format!("finished {} preempted {}", c.req.0, c.preemptions),
-            Msg::Rejected(r) => format!("rejected {}", r.0),
+            Msg::Rejected(r, _) => format!("rejected {}", r.0),
             other => format!("{other:?}"),
         });
     }

@@ -21,6 +21,7 @@ use crate::serving::instance::InstanceConfig;
 use crate::serving::policy::PolicyKind;
 use crate::serving::router::RouterStrategy;
 use crate::serving::store::StoreConfig;
+use crate::sim::fault::Fault;
 use crate::sim::kernel::Limits;
 use crate::units::{GIB, Nanos};
 use crate::workload::WorkloadSpec;
@@ -54,6 +55,8 @@ pub struct Scenario {
     /// The points of the scenario's `[sweep]`, each a whole validated scenario; empty when
     /// nothing is swept.
     pub points: Vec<SweepPoint>,
+    /// Faults to inject (`[[fault]]`), in file order.
+    pub faults: Vec<Fault>,
 }
 
 /// One point of a sweep.
@@ -186,6 +189,9 @@ fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenar
     let store = validate_store(&c, &r.store, &hardware, &model, serving.instance.block_size)?;
 
     let limits = limits(&c, &r.limits)?;
+    let nodes = (hardware.nodes, hardware.gpus_per_node);
+    let faults = crate::scenario::fault::faults(&c, &r.fault, Some(nodes))?;
+    crate::scenario::fault::refuse(&c, &faults, "serving", &["shard-restart"])?;
 
     Ok(Scenario {
         name,
@@ -199,6 +205,7 @@ fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenar
         store,
         limits,
         points: Vec::new(),
+        faults,
     })
 }
 

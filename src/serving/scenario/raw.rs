@@ -31,6 +31,9 @@ pub struct Raw {
     pub limits: RawLimits,
     /// Parameters to sweep: dotted key paths, each with a list of values.
     pub sweep: Option<toml::Table>,
+    /// `[[fault]]`: faults to inject (see `crate::sim::fault`).
+    #[serde(default)]
+    pub fault: Vec<crate::scenario::fault::RawFault>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -21,6 +21,9 @@ pub struct Metadata {
     report: StoreReport,
     /// Unexpected messages (errors are values).
     violations: Vec<String>,
+    /// Store losses learned of ([`Msg::StoreLost`], [`Msg::NodeDown`]), and the nodes down.
+    losses: u32,
+    down: Vec<u32>,
 }
 
 impl Metadata {
@@ -31,6 +34,8 @@ impl Metadata {
             servers,
             report: StoreReport::default(),
             violations: Vec::new(),
+            losses: 0,
+            down: Vec::new(),
         }
     }
 }
@@ -46,10 +51,23 @@ impl Actor<Msg> for Metadata {
                     Work::Compute(self.service),
                     Then::Send {
                         to: l.from,
-                        msg: Msg::LookupReply(l.req, Box::new(plan)),
+                        msg: Msg::LookupReply(l.req, Box::new(plan), self.losses),
                         payload_bytes: bytes,
                     },
                 );
+            }
+            // Written by a node that is down now: nothing of it remains.
+            Msg::Insert { node, .. } if self.down.contains(&node) => {}
+            Msg::NodeDown(node) => {
+                if !self.down.contains(&node) {
+                    self.down.push(node);
+                }
+                self.losses += 1;
+                self.dir.lose_node(node);
+            }
+            Msg::StoreLost(node) => {
+                self.losses += 1;
+                self.dir.lose_node(node);
             }
             Msg::Insert {
                 chain,

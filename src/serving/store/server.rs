@@ -13,6 +13,8 @@ pub struct StoreServer {
     metadata: ActorId,
     /// Unexpected messages (errors are values).
     violations: Vec<String>,
+    /// Crashed with its node: it drops every message.
+    crashed: bool,
 }
 
 impl StoreServer {
@@ -21,14 +23,21 @@ impl StoreServer {
             node,
             metadata,
             violations: Vec::new(),
+            crashed: false,
         }
     }
 }
 
 impl Actor<Msg> for StoreServer {
     fn handle(&mut self, msg: Msg, ctx: &mut dyn Context<Msg>) {
+        if self.crashed {
+            return;
+        }
         match msg {
-            Msg::WorkDone => {}
+            Msg::Crash => self.crashed = true,
+            // A restart loses the tensors, which the metadata service keeps track of; the
+            // server itself holds no state.
+            Msg::StoreLost(_) | Msg::WorkDone => {}
             Msg::ReadSsd { req, to, bytes, .. } => ctx.start(
                 Work::Ssd {
                     write: false,

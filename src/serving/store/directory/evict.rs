@@ -224,4 +224,44 @@ impl Directory {
         }
         wanted.len() as u32
     }
+
+    /// Node `node` lost everything its store held (a crash or a restart of its server): its
+    /// replicas of other nodes' tensors, and every tensor it owned with all that extends them
+    /// (unreachable without their prefix), wherever they are. Returns the tensors lost.
+    pub fn lose_node(&mut self, node: u32) -> u64 {
+        let Some(server) = self.servers.get_mut(node as usize) else {
+            return 0;
+        };
+        let bytes = self.params.tensor_bytes;
+        let mut held: Vec<TensorId> = server.replicas.keys().copied().collect();
+        held.sort_unstable();
+        for id in held {
+            let server = &mut self.servers[node as usize];
+            server.replicas.remove(&id);
+            server.replica_q.remove(id);
+            server.replica_bytes -= bytes;
+            if let Some(t) = self.tensors.get_mut(&id) {
+                t.replicas.retain(|&n| n != node);
+            }
+        }
+        let mut owned: Vec<TensorId> = self
+            .tensors
+            .iter()
+            .filter(|(_, t)| t.owner == node)
+            .map(|(&id, _)| id)
+            .collect();
+        owned.sort_unstable();
+        let dropped_before = self.stats.dropped;
+        let mut lost = 0;
+        for id in owned {
+            if self.tensors.contains_key(&id) {
+                lost += self.drop_tree(id) as u64;
+            }
+        }
+        // Losses are not eviction decisions: count them apart.
+        self.stats.dropped = dropped_before;
+        self.stats.lost += lost;
+        self.servers[node as usize].remote_reads.clear();
+        lost
+    }
 }
