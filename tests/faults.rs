@@ -7,10 +7,19 @@ use std::sync::Arc;
 use meshsim::serving::run::{PolicyRun, simulate, trace};
 use meshsim::{PolicyKind, Scenario};
 
+/// A VOPR scenario without its random faults.
+fn base() -> String {
+    let text = meshsim::vopr::scenario_text(3);
+    match text.find("[[fault]]") {
+        Some(i) => text[..i].to_string(),
+        None => text,
+    }
+}
+
 /// Two nodes of two GPUs, the tiny model, a store that holds everything, 400 requests over
 /// about 0.2 s, round-robin; `faults` are appended as written.
 fn scenario(faults: &str) -> Scenario {
-    let base = meshsim::vopr::scenario_text(3);
+    let base = base();
     let mut text: String = base
         .lines()
         .map(|l| match l.split(" = ").next() {
@@ -149,7 +158,7 @@ fn faulted_runs_are_deterministic() {
 
 #[test]
 fn bad_fault_tables_are_refused_naming_the_key() {
-    let base = meshsim::vopr::scenario_text(3);
+    let base = base();
     for (fault, key, what) in [
         (
             "kind = \"node-crash\"\nnode = 9\nat_s = 1.0",
