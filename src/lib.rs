@@ -20,8 +20,8 @@
 //! replays request traces; [`profiling`] measures the candle backend.
 //!
 //! Layers, from the bottom: `units`, [`hash`], [`rng`], `text` → [`metrics`], [`hardware`] →
-//! [`actor`], [`model`] → [`exec`], [`sim`], [`live`], [`workload`], `scenario` → [`backend`],
-//! [`results`] → [`serving`], [`pipeline`], [`profiling`] → [`experiment`], [`vopr`]. No module
+//! [`actor`], [`model`] → [`exec`], [`sim`], [`live`], [`workload`] → [`backend`], [`results`],
+//! `scenario` → [`serving`], [`pipeline`], [`profiling`] → [`experiment`], [`vopr`]. No module
 //! imports one above it.
 
 pub mod actor;

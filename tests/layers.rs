@@ -10,8 +10,8 @@ const LAYERS: &[&[&str]] = &[
     &["units", "hash", "rng", "text"],
     &["metrics", "hardware"],
     &["actor", "model"],
-    &["exec", "sim", "live", "workload", "scenario"],
-    &["backend", "results"],
+    &["exec", "sim", "live", "workload"],
+    &["backend", "results", "scenario"],
     &["serving", "pipeline", "profiling"],
     &["experiment", "vopr"],
 ];
