@@ -11,13 +11,12 @@ use crate::live::LiveError;
 use crate::metrics::Summary;
 use crate::pipeline::run::{self as pipeline_run, PipelineRun};
 use crate::pipeline::scenario::{Arrivals, CostSource, PipelineScenario, mode_name};
-use crate::results::Written;
+use crate::results::{RunError, Written};
 use crate::scenario::ScenarioError;
 use crate::serving::run::{self as serving_run, PolicyRun};
 use crate::serving::scenario::Scenario;
-use crate::sim::kernel::SimError;
 use crate::units::GIB;
-use crate::workload::{TraceError, WorkloadSpec};
+use crate::workload::WorkloadSpec;
 
 /// A validated scenario of either system.
 #[derive(Clone, Debug)]
@@ -31,27 +30,6 @@ pub enum Experiment {
 pub enum Runs {
     Serving(Vec<PolicyRun>),
     Pipeline(Vec<PipelineRun>),
-}
-
-/// Why an experiment did not run to the end.
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    /// A dataset or trace file is bad input (exit status 2).
-    #[error(transparent)]
-    Trace(#[from] TraceError),
-    /// A simulation broke a limit or an invariant.
-    #[error(transparent)]
-    Sim(#[from] SimError),
-    /// A live run failed.
-    #[error(transparent)]
-    Live(#[from] LiveError),
-}
-
-impl RunError {
-    /// Whether the input was at fault, rather than the run.
-    pub fn is_bad_input(&self) -> bool {
-        matches!(self, RunError::Trace(_))
-    }
 }
 
 impl Runs {
@@ -140,11 +118,9 @@ impl Experiment {
     /// runtime of their own.
     pub fn run(&self, threads: usize) -> Result<Runs, RunError> {
         match self {
-            Experiment::Serving(s) => match serving_run::simulate_experiment(s, threads) {
-                Ok(r) => Ok(Runs::Serving(r)),
-                Err(serving_run::RunError::Trace(e)) => Err(e.into()),
-                Err(serving_run::RunError::Sim(e)) => Err(e.into()),
-            },
+            Experiment::Serving(s) => {
+                Ok(Runs::Serving(serving_run::simulate_experiment(s, threads)?))
+            }
             Experiment::Pipeline(s) if s.live => {
                 let rt = tokio::runtime::Builder::new_multi_thread()
                     .enable_all()

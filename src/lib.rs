@@ -47,10 +47,11 @@ pub mod workload;
 
 pub use actor::{Actor, ActorId, Context, Then, Work};
 pub use backend::{BatchBackend, CandleBackend, ModelBackend, SimBackend, SimBatchBackend};
-pub use experiment::{Experiment, RunError, Runs};
+pub use experiment::{Experiment, Runs};
 pub use metrics::{Report, RequestRecord, Summary, Tier};
 pub use model::{ModelConfig, Preset, preset};
 pub use pipeline::scenario::PipelineScenario;
+pub use results::RunError;
 pub use scenario::ScenarioError;
 pub use serving::policy::{Policy, PolicyKind};
 pub use serving::scenario::Scenario;

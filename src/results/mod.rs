@@ -14,8 +14,11 @@ pub mod plot;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::live::LiveError;
 use crate::metrics::write::{write_requests, write_summary};
 use crate::metrics::{RequestRecord, Summary};
+use crate::sim::kernel::SimError;
+use crate::workload::TraceError;
 
 /// What [`write_results_dir`] did, for the console (wall-clock figures are never in result files).
 #[derive(Clone, Debug)]
@@ -56,4 +59,25 @@ pub fn write_results_dir(
             .map(|f| dir.join(f))
             .collect(),
     })
+}
+
+/// Why a run (of either system) gave no results.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// A dataset or trace file is bad input (exit status 2).
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+    /// A simulation broke a limit or an invariant.
+    #[error(transparent)]
+    Sim(#[from] SimError),
+    /// A live run failed.
+    #[error(transparent)]
+    Live(#[from] LiveError),
+}
+
+impl RunError {
+    /// Whether the input was at fault, rather than the run.
+    pub fn is_bad_input(&self) -> bool {
+        matches!(self, RunError::Trace(_))
+    }
 }

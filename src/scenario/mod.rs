@@ -59,6 +59,37 @@ pub const MAX_REQUESTS: u32 = 10_000_000;
 pub const MAX_TOKENS: u32 = 1 << 20;
 /// Largest latency of any link or switch (1 s): anything above is a unit mistake.
 pub const MAX_LATENCY_NS: u64 = 1_000_000_000;
+/// A scenario file's text: read, checked to be UTF-8, without a byte-order mark. Returns the
+/// file as errors name it, the text, and the file's stem (`default` if it has none).
+pub(crate) fn read_file(
+    path: &std::path::Path,
+    default: &str,
+) -> Result<(String, String, String), ScenarioError> {
+    let file = path.display().to_string();
+    let whole = |message: String| ScenarioError {
+        file: file.clone(),
+        key: String::new(),
+        message,
+        line_col: None,
+    };
+    let bytes = std::fs::read(path).map_err(|e| whole(format!("cannot read: {e}")))?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        whole(format!(
+            "not valid UTF-8 (byte {})",
+            e.utf8_error().valid_up_to()
+        ))
+    })?;
+    let text = match text.strip_prefix('\u{feff}') {
+        Some(t) => t.to_string(),
+        None => text,
+    };
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| default.into());
+    Ok((file, text, stem))
+}
+
 /// Checks of single values, naming `file` and the key in errors.
 pub(crate) struct Check<'a> {
     pub(crate) file: &'a str,

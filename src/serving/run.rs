@@ -18,6 +18,7 @@ use crate::hardware::Place;
 use crate::hardware::network::{LinkBytes, Network};
 use crate::metrics::{Report, Summary};
 use crate::model::cost::BatchShape;
+use crate::results::RunError;
 use crate::serving::Msg;
 use crate::serving::chaos::{Chaos, Targets};
 use crate::serving::instance::{Instance, StoreLink};
@@ -262,17 +263,6 @@ fn run_jobs(jobs: &[Job], threads: usize) -> Vec<Result<PolicyRun, SimError>> {
         }
         r
     })
-}
-
-/// Why an experiment did not run to the end.
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    /// A dataset or trace file is bad input.
-    #[error(transparent)]
-    Trace(#[from] TraceError),
-    /// A simulation broke a limit or an invariant.
-    #[error(transparent)]
-    Sim(#[from] SimError),
 }
 
 /// Simulates every policy at every sweep point of `s` (or once, without a sweep), running up

@@ -196,20 +196,9 @@ pub fn is_pipeline(text: &str) -> bool {
 impl PipelineScenario {
     /// Reads and validates a pipeline scenario file.
     pub fn load(path: &Path) -> Result<PipelineScenario, ScenarioError> {
-        let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
-            file: file.clone(),
-            key: String::new(),
-            message: format!("cannot read: {e}"),
-            line_col: None,
-        })?;
-        let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
-        let stem = path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "pipeline".into());
+        let (file, text, stem) = crate::scenario::read_file(path, "pipeline")?;
         let dir = path.parent().unwrap_or(Path::new("")).to_path_buf();
-        PipelineScenario::parse(&file, &stem, &dir, text)
+        PipelineScenario::parse(&file, &stem, &dir, &text)
     }
 
     /// Parses and validates `text`; `dir` resolves relative paths.

@@ -75,25 +75,8 @@ pub const MAX_BLOCKS_TOTAL: u64 = 1 << 27;
 impl Scenario {
     /// Reads and validates a scenario file.
     pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
-        let file = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|e| ScenarioError {
-            file: file.clone(),
-            key: String::new(),
-            message: format!("cannot read: {e}"),
-            line_col: None,
-        })?;
-        let text = String::from_utf8(bytes).map_err(|e| ScenarioError {
-            file: file.clone(),
-            key: String::new(),
-            message: format!("not valid UTF-8 (byte {})", e.utf8_error().valid_up_to()),
-            line_col: None,
-        })?;
-        let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
-        let stem = path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "scenario".into());
-        Scenario::parse(&file, &stem, text)
+        let (file, text, stem) = crate::scenario::read_file(path, "scenario")?;
+        Scenario::parse(&file, &stem, &text)
     }
 
     /// Parses and validates scenario `text`; `file` names it in errors and `default_name`
