@@ -65,6 +65,35 @@ pub struct SeedFailure {
     pub what: String,
 }
 
+/// The tables every VOPR scenario shares.
+const FIXED: &str = r#"[hardware.host]
+memory_gib = 64.0
+memory_bandwidth_gb_per_s = 204.8
+
+[hardware.ssd]
+drives = 1
+capacity_gb_per_drive = 100.0
+read_bandwidth_gb_per_s_per_drive = 3.5
+write_bandwidth_gb_per_s_per_drive = 2.0
+latency_us = 80.0
+
+[hardware.pcie]
+bandwidth_gb_per_s = 25.0
+latency_ns = 1000
+
+[hardware.nvlink]
+bandwidth_gb_per_s = 300.0
+latency_ns = 1000
+
+[model]
+preset = "tiny"
+
+[limits]
+max_events = 10000000
+max_sim_time_s = 86400.0
+max_pending_events = 1000000
+"#;
+
 /// The scenario file of `seed`.
 pub fn scenario_text(seed: u64) -> String {
     let mut r = Stream::new(seed, VOPR_STREAM);
@@ -87,19 +116,7 @@ pub fn scenario_text(seed: u64) -> String {
     let order = ["shuffled", "grouped"][pick(2) as usize];
     let context = 128 * (1 + pick(8));
     let system = pick(33);
-    let output = match pick(3) {
-        0 => format!("distribution = \"fixed\"\ntokens = {}", 1 + pick(256)),
-        1 => format!(
-            "distribution = \"uniform\"\nmin = {}\nmax = {}",
-            1 + pick(4),
-            8 + pick(400)
-        ),
-        _ => format!(
-            "distribution = \"lognormal\"\nmedian = {}.0\nsigma = 0.8\nmax = {}",
-            8 + pick(120),
-            128 + pick(512)
-        ),
-    };
+    let output = output_text(&mut pick);
     let tensor_tokens = block * [2, 4, 8][pick(3) as usize];
     // A tensor holds tensor_tokens x 2 KiB; room for 4 to 40 of them in host memory and 0 to
     // 40 on SSD.
@@ -116,35 +133,7 @@ pub fn scenario_text(seed: u64) -> String {
     let gpu_cache = pick(4) != 0;
     // Faults within the trace's span.
     let span_ms = (1000 * requests / rate).max(1);
-    let mut faults = String::new();
-    if pick(2) == 0 {
-        for _ in 0..1 + pick(3) {
-            let node = pick(nodes);
-            let at = format!("at_s = {:.3}", pick(span_ms) as f64 / 1000.0);
-            let window = format!("for_s = {:.3}", (1 + pick(span_ms)) as f64 / 1000.0);
-            let _ = match pick(4) {
-                0 => writeln!(
-                    faults,
-                    "[[fault]]\nkind = \"node-crash\"\nnode = {node}\n{at}"
-                ),
-                1 => writeln!(
-                    faults,
-                    "[[fault]]\nkind = \"store-restart\"\nnode = {node}\n{at}"
-                ),
-                2 => writeln!(
-                    faults,
-                    "[[fault]]\nkind = \"link-slow\"\nnode = {node}\n{at}\n{window}\nfactor = {}",
-                    [0.0, 0.1, 0.5][pick(3) as usize]
-                ),
-                _ => writeln!(
-                    faults,
-                    "[[fault]]\nkind = \"gpu-slow\"\nnode = {node}\ngpu = {}\n{at}\n{window}\nfactor = {}",
-                    pick(gpus),
-                    [0.05, 0.25, 0.5][pick(3) as usize]
-                ),
-            };
-        }
-    }
+    let faults = faults_text(&mut pick, nodes, gpus, span_ms);
     let mut t = String::new();
     let _ = write!(
         t,
@@ -165,34 +154,12 @@ peak_tflops = 312.0
 compute_efficiency = 0.6
 memory_efficiency = 0.8
 
-[hardware.host]
-memory_gib = 64.0
-memory_bandwidth_gb_per_s = 204.8
-
-[hardware.ssd]
-drives = 1
-capacity_gb_per_drive = 100.0
-read_bandwidth_gb_per_s_per_drive = 3.5
-write_bandwidth_gb_per_s_per_drive = 2.0
-latency_us = 80.0
-
-[hardware.pcie]
-bandwidth_gb_per_s = 25.0
-latency_ns = 1000
-
-[hardware.nvlink]
-bandwidth_gb_per_s = 300.0
-latency_ns = 1000
-
 [hardware.network]
 nics_per_node = {nics}
 nic_bandwidth_gbit_per_s = {nic}.0
 nic_latency_ns = 700
 switch_latency_ns = 350
 switch_hops = 3
-
-[model]
-preset = "tiny"
 
 [serving]
 tensor_parallel = {tp}
@@ -234,17 +201,64 @@ replica_fraction = {fraction}
 replicate_after_reads = {after}
 consolidate = {consolidate}
 
-[limits]
-max_events = 10000000
-max_sim_time_s = 86400.0
-max_pending_events = 1000000
-
+{FIXED}
 {faults}"#,
         gpu_gib = gpu_mib as f64 / 1024.0,
         nics = 1 + (seed % 2),
         nic = [25, 100, 200][(seed % 3) as usize],
     );
     t
+}
+
+/// The `[workload.output_tokens]` table of a VOPR scenario.
+fn output_text(pick: &mut dyn FnMut(u64) -> u64) -> String {
+    match pick(3) {
+        0 => format!("distribution = \"fixed\"\ntokens = {}", 1 + pick(256)),
+        1 => format!(
+            "distribution = \"uniform\"\nmin = {}\nmax = {}",
+            1 + pick(4),
+            8 + pick(400)
+        ),
+        _ => format!(
+            "distribution = \"lognormal\"\nmedian = {}.0\nsigma = 0.8\nmax = {}",
+            8 + pick(120),
+            128 + pick(512)
+        ),
+    }
+}
+
+/// Half the time, up to three random faults within the trace's span.
+fn faults_text(pick: &mut dyn FnMut(u64) -> u64, nodes: u64, gpus: u64, span_ms: u64) -> String {
+    let mut faults = String::new();
+    if pick(2) == 0 {
+        for _ in 0..1 + pick(3) {
+            let node = pick(nodes);
+            let at = format!("at_s = {:.3}", pick(span_ms) as f64 / 1000.0);
+            let window = format!("for_s = {:.3}", (1 + pick(span_ms)) as f64 / 1000.0);
+            let _ = match pick(4) {
+                0 => writeln!(
+                    faults,
+                    "[[fault]]\nkind = \"node-crash\"\nnode = {node}\n{at}"
+                ),
+                1 => writeln!(
+                    faults,
+                    "[[fault]]\nkind = \"store-restart\"\nnode = {node}\n{at}"
+                ),
+                2 => writeln!(
+                    faults,
+                    "[[fault]]\nkind = \"link-slow\"\nnode = {node}\n{at}\n{window}\nfactor = {}",
+                    [0.0, 0.1, 0.5][pick(3) as usize]
+                ),
+                _ => writeln!(
+                    faults,
+                    "[[fault]]\nkind = \"gpu-slow\"\nnode = {node}\ngpu = {}\n{at}\n{window}\nfactor = {}",
+                    pick(gpus),
+                    [0.05, 0.25, 0.5][pick(3) as usize]
+                ),
+            };
+        }
+    }
+    faults
 }
 
 /// The bytes of a run's results: `requests.csv` and `summary.csv`.
