@@ -41,20 +41,30 @@ impl<T: Send + Debug + 'static> Message for T {}
 /// A piece of work an actor starts on the device it runs on. The host decides what it costs.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Work {
-    /// A bulk read of `bytes` in `segments` pieces from `from` into this actor's place
-    /// (an RDMA read from another node, or a copy from local host memory over PCIe).
+    /// A bulk read of `bytes` in `segments` pieces from `from` into this actor's place: from
+    /// host memory (an RDMA read from another node, a copy over PCIe from its own), or from
+    /// the SSDs of `from`'s node, streamed through that node's host memory.
     Fetch {
         from: Place,
+        medium: Medium,
         bytes: u64,
         segments: u32,
     },
-    /// Reading or writing `bytes` on this actor's node's SSDs.
+    /// Writing `bytes` from this actor's node's host memory to its SSDs (or reading them into
+    /// host memory).
     Ssd { write: bool, bytes: u64 },
     /// Compute whose duration the actor's model backend (or service-time model) has already
     /// determined: the modelled time under a simulated backend. The host queues the compute
     /// work of actors that share a device (FIFO). Under the live host the work has already run
     /// for real when the actor starts it, so it ends at once.
     Compute(Nanos),
+}
+
+/// Where a [`Work::Fetch`] reads from, at its source place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Medium {
+    Memory,
+    Ssd,
 }
 
 /// What happens when a piece of [`Work`] ends.

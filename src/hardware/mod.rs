@@ -48,7 +48,10 @@ impl GpuSpec {
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostSpec {
     pub memory_bytes: u64,
+    /// Peak DRAM bandwidth, bytes/s (reads and writes together).
     pub memory_bandwidth: f64,
+    /// Fraction of `memory_bandwidth` that copies achieve (0, 1]; see [`defaults`].
+    pub memory_efficiency: f64,
 }
 
 /// The NVMe drives of one node, striped.
@@ -59,13 +62,57 @@ pub struct SsdSpec {
     pub read_bandwidth_per_drive: f64,
     pub write_bandwidth_per_drive: f64,
     pub latency: Nanos,
+    /// Fraction of the drives' rated sequential bandwidth that large reads and writes achieve.
+    pub efficiency: f64,
 }
 
-/// A point-to-point link: bandwidth in bytes/s (per direction) and one-way latency.
+/// A point-to-point link: line rate in bytes/s (per direction), one-way latency, and the
+/// fraction of the line rate that large transfers achieve (protocol headers, flow control,
+/// DMA descriptors; see [`defaults`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LinkSpec {
     pub bandwidth: f64,
     pub latency: Nanos,
+    pub efficiency: f64,
+}
+
+impl LinkSpec {
+    /// A link that achieves its whole line rate.
+    pub fn ideal(bandwidth: f64, latency: Nanos) -> LinkSpec {
+        LinkSpec {
+            bandwidth,
+            latency,
+            efficiency: 1.0,
+        }
+    }
+
+    /// The bandwidth large transfers achieve: line rate x efficiency, bytes/s.
+    pub fn achievable(&self) -> f64 {
+        self.bandwidth * self.efficiency
+    }
+}
+
+/// Default achievable fractions of line rate, used when a scenario does not give its own.
+/// Each is a typical published figure for the kind of link (assumptions to be replaced by
+/// measurements of the machine at hand), never a fit to meshsim's results.
+pub mod defaults {
+    /// RDMA over a 100-200 Gb/s NIC: perftest's `ib_read_bw`/`ib_write_bw` are commonly
+    /// reported at 90-97 % of line rate for messages of 64 KiB and more; 0.9 leaves room for
+    /// a loaded fabric.
+    pub const NIC_EFFICIENCY: f64 = 0.9;
+    /// PCIe Gen4 x16: 31.5 GB/s per direction after 128b/130b coding; CUDA's `bandwidthTest`
+    /// with pinned memory is commonly reported at 24-26 GB/s between host and an A100 (TLP
+    /// headers and DMA descriptors take the rest): 0.8.
+    pub const PCIE_EFFICIENCY: f64 = 0.8;
+    /// NVLink 3 on A100: 300 GB/s per direction per GPU; peer-to-peer copies and NCCL's bus
+    /// bandwidth are commonly reported at 80-90 % of it.
+    pub const NVLINK_EFFICIENCY: f64 = 0.85;
+    /// DDR4 host memory: STREAM copy commonly reaches 70-80 % of the channels' peak on
+    /// 8-channel EPYC servers.
+    pub const HOST_MEMORY_EFFICIENCY: f64 = 0.75;
+    /// NVMe drives are rated at their sequential large-block throughput, which large reads
+    /// and writes reach: 1.
+    pub const SSD_EFFICIENCY: f64 = 1.0;
 }
 
 /// The fabric between nodes.

@@ -20,7 +20,8 @@
 //!
 //! With tensor parallelism over `tp` GPUs, both sums split evenly and every layer adds two
 //! ring all-reduces of `N x hidden x b` bytes over NVLink, each costing
-//! `2 (tp-1)/tp x bytes / nvlink_bw + 2 (tp-1) x nvlink_latency`. `overhead` is a fixed
+//! `2 (tp-1)/tp x bytes / nvlink_bw + 2 (tp-1) x nvlink_latency`, with `nvlink_bw` the link's
+//! achievable bandwidth (line rate x efficiency). `overhead` is a fixed
 //! per-iteration cost (scheduling, sampling, kernel launches) from the scenario.
 //!
 //! Ignored, on purpose: activations' memory traffic (small next to weights and KV at these
@@ -116,7 +117,7 @@ impl CostModel {
         let m = &self.model;
         let tp = self.tp as f64;
         let bytes = (b.new_tokens * m.hidden * m.bytes_per_element) as f64;
-        let one = 2.0 * (tp - 1.0) / tp * bytes / nvlink.bandwidth
+        let one = 2.0 * (tp - 1.0) / tp * bytes / nvlink.achievable()
             + 2.0 * (tp - 1.0) * nvlink.latency.as_secs_f64();
         Nanos::from_secs_f64(2.0 * m.layers as f64 * one)
     }
@@ -142,10 +143,7 @@ mod tests {
     }
 
     fn nvlink() -> LinkSpec {
-        LinkSpec {
-            bandwidth: 300e9,
-            latency: Nanos(1_000),
-        }
+        LinkSpec::ideal(300e9, Nanos(1_000))
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use serde::Deserialize;
 
 use super::{Check, ScenarioError};
-use crate::hardware::{GpuSpec, HardwareSpec, HostSpec, LinkSpec, NetworkSpec, SsdSpec};
+use crate::hardware::{GpuSpec, HardwareSpec, HostSpec, LinkSpec, NetworkSpec, SsdSpec, defaults};
 use crate::units::{GB, GIB, Nanos};
 
 /// Largest cluster.
@@ -38,6 +38,8 @@ pub struct RawGpu {
 pub struct RawHost {
     pub memory_gib: f64,
     pub memory_bandwidth_gb_per_s: f64,
+    /// Default [`defaults::HOST_MEMORY_EFFICIENCY`].
+    pub memory_efficiency: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -48,6 +50,8 @@ pub struct RawSsd {
     pub read_bandwidth_gb_per_s_per_drive: f64,
     pub write_bandwidth_gb_per_s_per_drive: f64,
     pub latency_us: f64,
+    /// Default [`defaults::SSD_EFFICIENCY`].
+    pub efficiency: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -55,6 +59,8 @@ pub struct RawSsd {
 pub struct RawLink {
     pub bandwidth_gb_per_s: f64,
     pub latency_ns: u64,
+    /// Default per kind of link: [`defaults::PCIE_EFFICIENCY`], [`defaults::NVLINK_EFFICIENCY`].
+    pub efficiency: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -65,6 +71,8 @@ pub struct RawNetwork {
     pub nic_latency_ns: u64,
     pub switch_latency_ns: u64,
     pub switch_hops: u32,
+    /// Default [`defaults::NIC_EFFICIENCY`].
+    pub nic_efficiency: Option<f64>,
 }
 
 /// A validated GPU from its raw table at `key`.
@@ -100,6 +108,12 @@ pub(crate) fn hardware(c: &Check, h: &RawHardware) -> Result<HardwareSpec, Scena
             "hardware.host.memory_bandwidth_gb_per_s",
             h.host.memory_bandwidth_gb_per_s,
         )? * GB,
+        memory_efficiency: c.fraction(
+            "hardware.host.memory_efficiency",
+            h.host
+                .memory_efficiency
+                .unwrap_or(defaults::HOST_MEMORY_EFFICIENCY),
+        )?,
     };
     let ssd = SsdSpec {
         drives: c.count("hardware.ssd.drives", h.ssd.drives, 64)?,
@@ -118,6 +132,10 @@ pub(crate) fn hardware(c: &Check, h: &RawHardware) -> Result<HardwareSpec, Scena
         latency: Nanos::from_secs_f64(
             c.positive("hardware.ssd.latency_us", h.ssd.latency_us)? / 1e6,
         ),
+        efficiency: c.fraction(
+            "hardware.ssd.efficiency",
+            h.ssd.efficiency.unwrap_or(defaults::SSD_EFFICIENCY),
+        )?,
     };
     let network = NetworkSpec {
         nics_per_node: c.count(
@@ -132,6 +150,10 @@ pub(crate) fn hardware(c: &Check, h: &RawHardware) -> Result<HardwareSpec, Scena
             )? * GB
                 / 8.0,
             latency: c.latency("hardware.network.nic_latency_ns", h.network.nic_latency_ns)?,
+            efficiency: c.fraction(
+                "hardware.network.nic_efficiency",
+                h.network.nic_efficiency.unwrap_or(defaults::NIC_EFFICIENCY),
+            )?,
         },
         switch_latency: c.latency(
             "hardware.network.switch_latency_ns",
@@ -152,8 +174,8 @@ pub(crate) fn hardware(c: &Check, h: &RawHardware) -> Result<HardwareSpec, Scena
         gpu,
         host,
         ssd,
-        pcie: c.link("hardware.pcie", &h.pcie)?,
-        nvlink: c.link("hardware.nvlink", &h.nvlink)?,
+        pcie: c.link("hardware.pcie", &h.pcie, defaults::PCIE_EFFICIENCY)?,
+        nvlink: c.link("hardware.nvlink", &h.nvlink, defaults::NVLINK_EFFICIENCY)?,
         network,
     })
 }

@@ -179,11 +179,21 @@ impl Check<'_> {
         }
     }
 
-    pub(crate) fn link(&self, key: &str, l: &RawLink) -> Result<LinkSpec, ScenarioError> {
+    /// A `[hardware.KIND]` link table; `efficiency` is the kind's default fraction of line rate.
+    pub(crate) fn link(
+        &self,
+        key: &str,
+        l: &RawLink,
+        efficiency: f64,
+    ) -> Result<LinkSpec, ScenarioError> {
         Ok(LinkSpec {
             bandwidth: self.positive(&format!("{key}.bandwidth_gb_per_s"), l.bandwidth_gb_per_s)?
                 * GB,
             latency: self.latency(&format!("{key}.latency_ns"), l.latency_ns)?,
+            efficiency: self.fraction(
+                &format!("{key}.efficiency"),
+                l.efficiency.unwrap_or(efficiency),
+            )?,
         })
     }
 }

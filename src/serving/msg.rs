@@ -29,16 +29,7 @@ pub enum Msg {
     /// Metadata -> instance: where the stored prefix is, and how many store losses the
     /// metadata service had learned of when it planned (see [`Msg::StoreLost`]).
     LookupReply(ReqId, Box<LoadPlan>, u32),
-    /// Instance -> store server of another node: read these bytes from SSD and send them.
-    ReadSsd {
-        req: ReqId,
-        to: ActorId,
-        bytes: u64,
-        segments: u32,
-    },
-    /// A store server's SSD read for `to` has finished.
-    SsdReadDone { req: ReqId, to: ActorId, bytes: u64 },
-    /// Store server -> instance: one group of a request's load has arrived.
+    /// To an instance: one group of a request's load has arrived (its fetch ended).
     Loaded(ReqId),
     /// Instance -> its node's store server: the KV of these tensors (payload), to store.
     StoreWrite {

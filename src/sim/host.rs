@@ -3,43 +3,79 @@
 //!
 //! For each effect an actor asks for through its [`Context`], the host decides the cost:
 //!
-//! * `send`: the message arrives when the network model says its payload has crossed the
-//!   links between the two actors' places ([`Network::transfer`], FIFO per link);
+//! * `send`: the message arrives when its payload has crossed the links between the two
+//!   actors' places ([`Network`]: links shared fairly between the transfers on them);
 //! * `start(Work::Compute(d))`: for `d`, the duration the actor's model backend (or service
 //!   model) gave, on the device of the actor's place: compute work of actors that share a
 //!   place runs one piece at a time, in the order it was started (FIFO), so shards sharing one
 //!   device wait for each other. The host never prices model work itself (DESIGN contract 3);
-//! * `start(Work::Fetch)`: after the posting overhead (per request plus per segment), the bytes
-//!   cross the links from the source to the actor's place;
-//! * `start(Work::Ssd)`: the bytes cross the node's SSD read or write channel;
+//! * `start(Work::Fetch)`: the bytes cross the links from the source (host memory, or SSD
+//!   streamed through host memory) to the actor's place; the posting overhead (per request
+//!   plus per segment: work requests the NIC or DMA engine processes) is added to the arrival;
+//! * `start(Work::Ssd)`: the bytes cross the node's DRAM and its SSD write (or read) channel;
 //! * when work ends, [`Then`] says what happens: a message to the actor itself, a message sent
 //!   to another actor at that instant (a server's reply), or nothing;
 //! * `timer`: after exactly the requested delay;
 //! * `rng`: the actor's own ChaCha8 stream, numbered `ACTOR_BASE + actor id`.
 //!
+//! A transfer that is a flow of the fair share ends with a *network event* (its finish time
+//! changes as other flows come and go; superseded finish events are skipped), and hardware
+//! changes (faults) are events of their own at their times. Network events are not actor
+//! events: [`SimOutcome::events`] counts the messages handled by actors, and
+//! [`SimOutcome::network_events`] the rest.
+//!
 //! Every actor is started by an event at time 0, in the order actors were added. Every
-//! `check_every` events (by default [`DEFAULT_CHECK_EVERY`]: in builds with debug assertions,
-//! such as the tests', and never in release builds) every actor checks its invariants
-//! ([`Actor::check`]); checks are read-only, so results are the same with or without them. At
-//! the end of a run (no event left), every actor reports its results and checks its
-//! invariants ([`Report::merge`]); any violation turns the run into an error that names the
-//! seed and the simulated time.
+//! `check_every` actor events (by default [`DEFAULT_CHECK_EVERY`]: in builds with debug
+//! assertions, such as the tests', and never in release builds) every actor checks its
+//! invariants ([`Actor::check`]); checks are read-only, so results are the same with or
+//! without them. At the end of a run (no event left), every actor reports its results and
+//! checks its invariants ([`Report::merge`]); any violation turns the run into an error that
+//! names the seed and the simulated time.
 
 use std::collections::HashMap;
 
-use crate::actor::{Actor, ActorId, Context, Then, Work};
+use crate::actor::{Actor, ActorId, Context, Medium, Then, Work};
 use crate::hardware::Place;
-use crate::hardware::network::{LinkBytes, Network};
+use crate::hardware::network::{FlowId, LinkBytes, MICE_BYTES, Network, Transfer};
 use crate::metrics::Report;
 use crate::rng::{Stream, streams};
 use crate::sim::kernel::{Kernel, Limits, SimError};
 use crate::units::Nanos;
 
-/// What the kernel carries: the start of an actor, or one of its system's messages.
+/// What the kernel carries: the start of an actor, one of its system's messages, or an event
+/// of the hardware (a flow's finish time, a fault's change, a bulk send that starts later).
 #[derive(Debug)]
 enum Event<M> {
     Start,
     Msg(M),
+    Flow { flow: FlowId, version: u32 },
+    Change,
+    Send(Pending<M>),
+}
+
+/// What to do when a transfer or a piece of work ends: deliver a message to an actor, start
+/// sending one (a reply that leaves when work ends), or nothing.
+#[derive(Debug)]
+enum After<M> {
+    Deliver(ActorId, M),
+    Send(Pending<M>),
+    Nothing,
+}
+
+/// A message to send from `from` to `to` with a payload.
+#[derive(Debug)]
+struct Pending<M> {
+    from: ActorId,
+    to: ActorId,
+    msg: M,
+    payload_bytes: u64,
+}
+
+/// What a flow in the network does when it arrives: `after`, `extra` later.
+#[derive(Debug)]
+struct OnArrival<M> {
+    after: After<M>,
+    extra: Nanos,
 }
 
 struct Slot<M> {
@@ -86,6 +122,10 @@ pub struct SimHost<M> {
     /// after their time), and each device's fraction of its full compute speed.
     changes: Vec<(Nanos, Change)>,
     device_speed: Vec<f64>,
+    /// What each flow in the network does when it arrives, by flow id.
+    arrivals: Vec<Option<OnArrival<M>>>,
+    /// Events handled by actors (the others are network events).
+    actor_events: u64,
 }
 
 /// Fixed costs of posting a bulk fetch: per request and per gathered segment.
@@ -98,9 +138,7 @@ pub struct FetchOverhead {
 struct SimCtx<'a, M> {
     fetch_overhead: FetchOverhead,
     kernel: &'a mut Kernel<Event<M>>,
-    network: &'a mut Network,
-    /// The place of every actor, by id.
-    actor_places: &'a [Place],
+    net: Net<'a, M>,
     compute_free: &'a mut [Nanos],
     /// The fraction of full speed this actor's device computes at now.
     device_speed: f64,
@@ -108,6 +146,80 @@ struct SimCtx<'a, M> {
     device: usize,
     me: ActorId,
     rng: &'a mut Stream,
+}
+
+/// The network and what the host keeps about its flows.
+struct Net<'a, M> {
+    network: &'a mut Network,
+    arrivals: &'a mut Vec<Option<OnArrival<M>>>,
+    /// The place of every actor, by id.
+    places: &'a [Place],
+}
+
+impl<M> Net<'_, M> {
+    /// Applies `after` at `at` (now or later).
+    fn after(&mut self, kernel: &mut Kernel<Event<M>>, at: Nanos, after: After<M>) {
+        match after {
+            After::Deliver(to, msg) => kernel.schedule(at, to, Event::Msg(msg)),
+            After::Send(p) => self.send_at(kernel, at, p),
+            After::Nothing => {}
+        }
+    }
+
+    /// Sends `p`, its first byte leaving at `at`. A small message sent later is priced now
+    /// (its share of the links at the time it is sent hardly depends on what happens in
+    /// between); a bulk one starts its flow then.
+    fn send_at(&mut self, kernel: &mut Kernel<Event<M>>, at: Nanos, p: Pending<M>) {
+        if at > kernel.now() && p.payload_bytes > MICE_BYTES {
+            kernel.schedule(at, p.from, Event::Send(p));
+            return;
+        }
+        let from = self.places[p.from.0 as usize];
+        let dest = self.places[p.to.0 as usize];
+        let t = self.network.transfer(at, from, dest, p.payload_bytes);
+        self.on(kernel, t, After::Deliver(p.to, p.msg), Nanos::ZERO);
+    }
+
+    /// Does `after` when transfer `t` arrives, `extra` later.
+    fn on(&mut self, kernel: &mut Kernel<Event<M>>, t: Transfer, after: After<M>, extra: Nanos) {
+        match t {
+            Transfer::At(arrival) => self.after(kernel, arrival + extra, after),
+            Transfer::Flow(flow) => {
+                let i = flow as usize;
+                if self.arrivals.len() <= i {
+                    self.arrivals.resize_with(i + 1, || None);
+                }
+                self.arrivals[i] = Some(OnArrival { after, extra });
+                self.schedule_flows(kernel);
+            }
+        }
+    }
+
+    /// Schedules the finish events of the flows whose finish time changed.
+    fn schedule_flows(&mut self, kernel: &mut Kernel<Event<M>>) {
+        for r in self.network.reschedules() {
+            kernel.schedule(
+                r.at,
+                ActorId(0),
+                Event::Flow {
+                    flow: r.flow,
+                    version: r.version,
+                },
+            );
+        }
+    }
+
+    /// A flow's finish event: if current, the flow arrives and what waits on it happens.
+    fn finish(&mut self, kernel: &mut Kernel<Event<M>>, flow: FlowId, version: u32) {
+        let now = kernel.now();
+        if let Some(arrival) = self.network.finish(now, flow, version) {
+            let on = self.arrivals[flow as usize].take();
+            if let Some(OnArrival { after, extra }) = on {
+                self.after(kernel, arrival + extra, after);
+            }
+        }
+        self.schedule_flows(kernel);
+    }
 }
 
 impl<M> Context<M> for SimCtx<'_, M> {
@@ -119,7 +231,13 @@ impl<M> Context<M> for SimCtx<'_, M> {
     }
     fn send(&mut self, to: ActorId, msg: M, payload_bytes: u64) {
         let now = self.kernel.now();
-        self.send_at(now, to, msg, payload_bytes);
+        let p = Pending {
+            from: self.me,
+            to,
+            msg,
+            payload_bytes,
+        };
+        self.net.send_at(self.kernel, now, p);
     }
     fn timer(&mut self, after: Nanos, msg: M) {
         let at = self.kernel.now() + after;
@@ -127,29 +245,48 @@ impl<M> Context<M> for SimCtx<'_, M> {
     }
     fn start_then(&mut self, work: Work, then: Then<M>) {
         let now = self.kernel.now();
-        let here = self.actor_places[self.me.0 as usize];
-        let at = match work {
+        let here = self.net.places[self.me.0 as usize];
+        let after = match then {
+            Then::Notify(done) => After::Deliver(self.me, done),
+            Then::Send {
+                to,
+                msg,
+                payload_bytes,
+            } => After::Send(Pending {
+                from: self.me,
+                to,
+                msg,
+                payload_bytes,
+            }),
+            Then::Nothing => After::Nothing,
+        };
+        let (transfer, extra) = match work {
             Work::Fetch {
                 from,
+                medium,
                 bytes,
                 segments,
             } => {
                 let overhead = self.fetch_overhead.request
                     + Nanos(self.fetch_overhead.segment.0 * segments as u64);
-                self.network.transfer(now + overhead, from, here, bytes)
+                let t = match (medium, from.node()) {
+                    (Medium::Memory, _) => Some(self.net.network.transfer(now, from, here, bytes)),
+                    (Medium::Ssd, Some(node)) => self.net.network.ssd_read(now, node, here, bytes),
+                    (Medium::Ssd, None) => None,
+                };
+                (t, overhead)
             }
             Work::Ssd { write, bytes } => {
-                let done = here
-                    .node()
-                    .and_then(|node| self.network.ssd(now, node, write, bytes));
-                done.unwrap_or_else(|| {
-                    // Errors are values: the work ends at once and the run fails with this.
-                    self.violations.push(format!(
-                        "actor {} at {here:?} started SSD work, but its place has no SSDs",
-                        self.me.0
-                    ));
-                    now
-                })
+                let t = here.node().and_then(|node| {
+                    if write {
+                        self.net.network.ssd_write(now, node, bytes)
+                    } else {
+                        self.net
+                            .network
+                            .ssd_read(now, node, Place::Host { node }, bytes)
+                    }
+                });
+                (t, Nanos::ZERO)
             }
             Work::Compute(d) => {
                 let d = if self.device_speed == 1.0 {
@@ -159,31 +296,21 @@ impl<M> Context<M> for SimCtx<'_, M> {
                 };
                 let free = &mut self.compute_free[self.device];
                 *free = now.max(*free) + d;
-                *free
+                (Some(Transfer::At(*free)), Nanos::ZERO)
             }
         };
-        match then {
-            Then::Notify(done) => self.kernel.schedule(at, self.me, Event::Msg(done)),
-            Then::Send {
-                to,
-                msg,
-                payload_bytes,
-            } => self.send_at(at, to, msg, payload_bytes),
-            Then::Nothing => {}
-        }
+        let transfer = transfer.unwrap_or_else(|| {
+            // Errors are values: the work ends at once and the run fails with this.
+            self.violations.push(format!(
+                "actor {} at {here:?} started {work:?}, but there are no SSDs there",
+                self.me.0
+            ));
+            Transfer::At(now)
+        });
+        self.net.on(self.kernel, transfer, after, extra);
     }
     fn rng(&mut self) -> &mut Stream {
         self.rng
-    }
-}
-
-impl<M> SimCtx<'_, M> {
-    /// Sends `msg` from this actor's place, its first byte leaving at `at`.
-    fn send_at(&mut self, at: Nanos, to: ActorId, msg: M, payload_bytes: u64) {
-        let from = self.actor_places[self.me.0 as usize];
-        let dest = self.actor_places[to.0 as usize];
-        let arrival = self.network.transfer(at, from, dest, payload_bytes);
-        self.kernel.schedule(arrival, to, Event::Msg(msg));
     }
 }
 
@@ -191,7 +318,11 @@ impl<M> SimCtx<'_, M> {
 #[derive(Debug)]
 pub struct SimOutcome {
     pub report: Report,
+    /// Messages handled by actors (including their start).
     pub events: u64,
+    /// Events of the hardware: flows' finish events (current or superseded), fault changes,
+    /// bulk sends started later.
+    pub network_events: u64,
     pub end: Nanos,
     pub link_bytes: LinkBytes,
 }
@@ -211,6 +342,8 @@ impl<M> SimHost<M> {
             check_every: DEFAULT_CHECK_EVERY,
             changes: Vec::new(),
             device_speed: Vec::new(),
+            arrivals: Vec::new(),
+            actor_events: 0,
         }
     }
 
@@ -228,11 +361,9 @@ impl<M> SimHost<M> {
     /// From `at` until `until`, the NICs of `node` run at `factor` of their bandwidth
     /// (`factor = 0`: cut, nothing crosses them before `until`). See `crate::sim::fault`.
     pub fn slow_nics(&mut self, node: u32, at: Nanos, until: Nanos, factor: f64) {
-        let (factor, blocked_until) = if factor > 0.0 {
-            (factor, Nanos::ZERO)
-        } else {
-            (1.0, until)
-        };
+        // A cut link (factor 0) stops its flows until it is restored; small messages sent
+        // meanwhile leave when it is back.
+        let blocked_until = if factor > 0.0 { Nanos::ZERO } else { until };
         self.changes.push((
             at,
             Change::Nics {
@@ -265,7 +396,7 @@ impl<M> SimHost<M> {
         ));
     }
 
-    /// Applies the hardware changes due at or before `now`.
+    /// Applies the hardware changes due at or before `now` (at a change event).
     fn apply_changes(&mut self, now: Nanos) {
         // Bounded: each round removes one change.
         while let Some(&(at, change)) = self.changes.last() {
@@ -278,7 +409,7 @@ impl<M> SimHost<M> {
                     node,
                     factor,
                     blocked_until,
-                } => self.network.set_nics(node, factor, blocked_until),
+                } => self.network.set_nics(now, node, factor, blocked_until),
                 Change::Device { device, factor } => self.device_speed[device] = factor,
             }
         }
@@ -331,19 +462,46 @@ impl<M> SimHost<M> {
                 .schedule(Nanos::ZERO, ActorId(i as u32), Event::Start);
         }
         // Latest first, so that the next change is the last; changes at one time apply in the
-        // order they were given (a stable sort, then reversed).
+        // order they were given (a stable sort, then reversed). Each time gets an event, so
+        // that a change applies at its time even when nothing else happens then.
         self.changes.sort_by_key(|c| c.0);
         self.changes.reverse();
+        let mut times: Vec<Nanos> = self.changes.iter().map(|c| c.0).collect();
+        times.dedup();
+        for at in times.into_iter().rev() {
+            self.kernel.schedule(at, ActorId(0), Event::Change);
+        }
         while let Some(event) = self.kernel.pop()? {
-            if !self.changes.is_empty() {
+            if let Event::Change = event.msg {
                 self.apply_changes(event.time);
             }
             let slot = &mut self.slots[event.target.0 as usize];
+            let mut net = Net {
+                network: &mut self.network,
+                arrivals: &mut self.arrivals,
+                places: &self.places,
+            };
+            let msg = match event.msg {
+                Event::Flow { flow, version } => {
+                    net.finish(&mut self.kernel, flow, version);
+                    continue;
+                }
+                Event::Send(p) => {
+                    let now = self.kernel.now();
+                    net.send_at(&mut self.kernel, now, p);
+                    continue;
+                }
+                Event::Change => {
+                    net.schedule_flows(&mut self.kernel);
+                    continue;
+                }
+                Event::Start => None,
+                Event::Msg(m) => Some(m),
+            };
             let mut ctx = SimCtx {
                 fetch_overhead: self.fetch_overhead,
                 kernel: &mut self.kernel,
-                network: &mut self.network,
-                actor_places: &self.places,
+                net,
                 compute_free: &mut self.compute_free,
                 device_speed: self.device_speed[slot.device],
                 violations: &mut self.violations,
@@ -351,11 +509,12 @@ impl<M> SimHost<M> {
                 me: event.target,
                 rng: &mut slot.rng,
             };
-            match event.msg {
-                Event::Start => slot.actor.start(&mut ctx),
-                Event::Msg(m) => slot.actor.handle(m, &mut ctx),
+            match msg {
+                None => slot.actor.start(&mut ctx),
+                Some(m) => slot.actor.handle(m, &mut ctx),
             }
-            if self.check_every > 0 && self.kernel.processed().is_multiple_of(self.check_every) {
+            self.actor_events += 1;
+            if self.check_every > 0 && self.actor_events.is_multiple_of(self.check_every) {
                 self.check_all()?;
             }
         }
@@ -376,7 +535,8 @@ impl<M> SimHost<M> {
         }
         Ok(SimOutcome {
             report,
-            events: self.kernel.processed(),
+            events: self.actor_events,
+            network_events: self.kernel.processed() - self.actor_events,
             end: self.kernel.now(),
             link_bytes: self.network.totals(),
         })
@@ -416,10 +576,7 @@ mod tests {
     }
 
     fn host(check_every: u64, breaks_at: u64) -> SimHost<()> {
-        let link = LinkSpec {
-            bandwidth: 1e9,
-            latency: Nanos::ZERO,
-        };
+        let link = LinkSpec::ideal(1e9, Nanos::ZERO);
         let mut h = SimHost::new(Network::fabric(1, link), Limits::default(), 9);
         h.set_check_every(check_every);
         h.add(

@@ -220,7 +220,9 @@ pub(super) fn cost(
 
 /// `[pipeline.link]`: the link between every two shards.
 pub(super) fn link(c: &Check, l: &RawPipeLink) -> Result<LinkSpec, ScenarioError> {
+    // The pipeline's link is given at the rate its transfers achieve.
     Ok(LinkSpec {
+        efficiency: 1.0,
         bandwidth: c.positive("pipeline.link.bandwidth_gb_per_s", l.bandwidth_gb_per_s)? * GB,
         latency: {
             let us = l.latency_us;

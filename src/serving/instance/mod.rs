@@ -39,7 +39,7 @@ use std::sync::Arc;
 
 use super::block_pool::{BlockId, BlockPool};
 use super::msg::{Completion, Lookup, Msg};
-use crate::actor::{Actor, ActorId, Context, Work, unexpected};
+use crate::actor::{Actor, ActorId, Context, Medium, Work, unexpected};
 use crate::backend::BatchBackend;
 use crate::hardware::Place;
 use crate::metrics::Tier;

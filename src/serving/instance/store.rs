@@ -39,26 +39,19 @@ impl Instance {
         for g in &plan.groups {
             l.seq.planned[g.tier as usize] += g.tensors * st.tensor_tokens;
             l.seq.loaded_bytes[g.tier as usize] += g.bytes;
-            match g.location {
-                Location::Host => ctx.start(
-                    Work::Fetch {
-                        from: Place::Host { node: g.node },
-                        bytes: g.bytes,
-                        segments: g.segments,
-                    },
-                    Msg::Loaded(req),
-                ),
-                Location::Ssd => ctx.send(
-                    st.servers[g.node as usize],
-                    Msg::ReadSsd {
-                        req,
-                        to: ctx.me(),
-                        bytes: g.bytes,
-                        segments: g.segments,
-                    },
-                    64,
-                ),
-            }
+            let medium = match g.location {
+                Location::Host => Medium::Memory,
+                Location::Ssd => Medium::Ssd,
+            };
+            ctx.start(
+                Work::Fetch {
+                    from: Place::Host { node: g.node },
+                    medium,
+                    bytes: g.bytes,
+                    segments: g.segments,
+                },
+                Msg::Loaded(req),
+            );
         }
     }
 

@@ -1,6 +1,8 @@
 //! The store server of one node: it does the I/O that needs the node's CPU. Reads from host
-//! memory are one-sided (the reader's bulk fetch, no server work); SSD reads go through the
-//! server, which reads the drives and sends the bytes to the reader; writes from local GPUs
+//! memory are one-sided (the reader's bulk fetch, no server work); SSD reads are posted by
+//! the reader too and streamed by the node through a bounce buffer in its host memory
+//! (`Work::Fetch` from `Medium::Ssd`: the SSD read and the network transfer overlap, as
+//! NVMe-oF targets and Mooncake's transfer engine do); writes from local GPUs
 //! land in host memory and are registered with the metadata service; demotions decided by the
 //! metadata service are written to SSD in the background (they occupy the SSD write channel).
 
@@ -38,14 +40,6 @@ impl Actor<Msg> for StoreServer {
             // A restart loses the tensors, which the metadata service keeps track of; the
             // server itself holds no state.
             Msg::StoreLost(_) | Msg::WorkDone => {}
-            Msg::ReadSsd { req, to, bytes, .. } => ctx.start(
-                Work::Ssd {
-                    write: false,
-                    bytes,
-                },
-                Msg::SsdReadDone { req, to, bytes },
-            ),
-            Msg::SsdReadDone { req, to, bytes } => ctx.send(to, Msg::Loaded(req), bytes),
             Msg::StoreWrite { chain, replica } => {
                 let bytes = 8 * chain.len() as u64;
                 let node = self.node;

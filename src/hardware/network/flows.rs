@@ -1,0 +1,292 @@
+//! The flows in the fair share, and max-min fair rates by progressive filling (see the module
+//! doc of [`super`]).
+
+use crate::units::Nanos;
+
+/// A flow's slot; reused after the flow ends (versions tell its occupants apart).
+pub type FlowId = u32;
+
+/// A flow's new finish time: schedule a finish event for (`flow`, `version`) at `at`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reschedule {
+    pub flow: FlowId,
+    pub version: u32,
+    pub at: Nanos,
+}
+
+#[derive(Clone, Debug)]
+struct Link {
+    /// Achievable bandwidth at full speed, bytes/s.
+    capacity: f64,
+    /// Fraction of `capacity` available now (a `link-slow` fault; 0 when cut).
+    factor: f64,
+    /// Small messages cross a cut link after this time.
+    blocked_until: Nanos,
+    /// The flows on this link, once per time their path crosses it.
+    flows: Vec<FlowId>,
+    // Scratch for progressive filling.
+    stamp: u32,
+    left: f64,
+    unfixed: u32,
+}
+
+impl Link {
+    fn bandwidth(&self) -> f64 {
+        self.capacity * self.factor
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Flow {
+    links: [u32; super::MAX_PATH],
+    len: u8,
+    live: bool,
+    /// Bytes still to send at `updated`.
+    remaining: f64,
+    /// Bytes/s since `updated`.
+    rate: f64,
+    updated: Nanos,
+    version: u32,
+    latency: Nanos,
+    // Scratch for progressive filling.
+    stamp: u32,
+    new_rate: f64,
+}
+
+/// Every link's bandwidth and the flows sharing them.
+#[derive(Debug)]
+pub(super) struct Flows {
+    links: Vec<Link>,
+    flows: Vec<Flow>,
+    free: Vec<FlowId>,
+    active: usize,
+    stamp: u32,
+    pending: Vec<Reschedule>,
+    // Scratch: the component being reshared.
+    comp_links: Vec<u32>,
+    comp_flows: Vec<FlowId>,
+}
+
+/// Nanoseconds to send `bytes` at `rate` bytes/s, rounded up.
+fn duration(bytes: f64, rate: f64) -> Nanos {
+    let ns = (bytes.max(0.0) / rate * 1e9).ceil();
+    // Bounded: a transfer longer than ~584 years is as good as never.
+    Nanos(if ns < u64::MAX as f64 {
+        ns as u64
+    } else {
+        u64::MAX / 2
+    })
+}
+
+impl Flows {
+    pub(super) fn new(capacities: Vec<f64>) -> Flows {
+        Flows {
+            links: capacities
+                .into_iter()
+                .map(|capacity| Link {
+                    capacity,
+                    factor: 1.0,
+                    blocked_until: Nanos::ZERO,
+                    flows: Vec::new(),
+                    stamp: 0,
+                    left: 0.0,
+                    unfixed: 0,
+                })
+                .collect(),
+            flows: Vec::new(),
+            free: Vec::new(),
+            active: 0,
+            stamp: 0,
+            pending: Vec::new(),
+            comp_links: Vec::new(),
+            comp_flows: Vec::new(),
+        }
+    }
+
+    pub(super) fn active(&self) -> usize {
+        self.active
+    }
+
+    /// When a small message of `bytes` that starts at `now` has crossed `path` at the fair
+    /// share it gets there: the bottleneck's `bandwidth / (flows + 1)`.
+    pub(super) fn mouse(&self, now: Nanos, path: &[u32], bytes: u64) -> Nanos {
+        let mut start = now;
+        let mut rate = f64::INFINITY;
+        for &l in path {
+            let link = &self.links[l as usize];
+            // A cut link carries the message once it is back, at its full bandwidth.
+            start = start.max(link.blocked_until);
+            let bw = if link.factor > 0.0 {
+                link.bandwidth()
+            } else {
+                link.capacity
+            };
+            rate = rate.min(bw / (link.flows.len() + 1) as f64);
+        }
+        start + duration(bytes as f64, rate)
+    }
+
+    /// Starts a flow of `bytes` over `path` (at most [`super::MAX_PATH`] links) at `now`.
+    pub(super) fn start(&mut self, now: Nanos, path: &[u32], bytes: u64, latency: Nanos) -> FlowId {
+        let mut links = [0; super::MAX_PATH];
+        links[..path.len()].copy_from_slice(path);
+        let id = match self.free.pop() {
+            Some(id) => id,
+            None => {
+                self.flows.push(Flow {
+                    links,
+                    len: 0,
+                    live: false,
+                    remaining: 0.0,
+                    rate: 0.0,
+                    updated: now,
+                    version: 0,
+                    latency,
+                    stamp: 0,
+                    new_rate: 0.0,
+                });
+                (self.flows.len() - 1) as FlowId
+            }
+        };
+        let f = &mut self.flows[id as usize];
+        f.links = links;
+        f.len = path.len() as u8;
+        f.live = true;
+        f.remaining = bytes as f64;
+        // Rate 0 until the share gives it one; a new version so old events never match.
+        f.rate = 0.0;
+        f.updated = now;
+        f.version = f.version.wrapping_add(1);
+        f.latency = latency;
+        self.active += 1;
+        for &l in path {
+            self.links[l as usize].flows.push(id);
+        }
+        self.reshare(now, path.iter().copied());
+        id
+    }
+
+    pub(super) fn finish(&mut self, now: Nanos, id: FlowId, version: u32) -> Option<Nanos> {
+        let f = self.flows.get_mut(id as usize)?;
+        if !f.live || f.version != version {
+            return None;
+        }
+        f.live = false;
+        f.version = f.version.wrapping_add(1);
+        let latency = f.latency;
+        let (links, len) = (f.links, f.len as usize);
+        self.active -= 1;
+        for &l in &links[..len] {
+            self.links[l as usize].flows.retain(|&g| g != id);
+        }
+        self.free.push(id);
+        self.reshare(now, links[..len].iter().copied());
+        Some(now + latency)
+    }
+
+    pub(super) fn reschedules(&mut self) -> std::vec::Drain<'_, Reschedule> {
+        self.pending.drain(..)
+    }
+
+    pub(super) fn set_factor(&mut self, now: Nanos, l: usize, factor: f64, blocked_until: Nanos) {
+        let link = &mut self.links[l];
+        if link.factor == factor && link.blocked_until == blocked_until {
+            return;
+        }
+        link.factor = factor;
+        link.blocked_until = blocked_until;
+        self.reshare(now, std::iter::once(l as u32));
+    }
+
+    /// Recomputes the max-min fair rates of every flow connected to `seeds` through shared
+    /// links, and queues a new finish time for each flow whose rate changed.
+    fn reshare(&mut self, now: Nanos, seeds: impl Iterator<Item = u32>) {
+        self.stamp = self.stamp.wrapping_add(1);
+        let stamp = self.stamp;
+        self.comp_links.clear();
+        self.comp_flows.clear();
+        for l in seeds {
+            let link = &mut self.links[l as usize];
+            if link.stamp != stamp {
+                link.stamp = stamp;
+                self.comp_links.push(l);
+            }
+        }
+        // Breadth first over links and flows; bounded by the links and flows that exist.
+        let mut i = 0;
+        while i < self.comp_links.len() {
+            let l = self.comp_links[i] as usize;
+            i += 1;
+            for k in 0..self.links[l].flows.len() {
+                let id = self.links[l].flows[k];
+                let f = &mut self.flows[id as usize];
+                if f.stamp == stamp {
+                    continue;
+                }
+                f.stamp = stamp;
+                f.new_rate = -1.0;
+                self.comp_flows.push(id);
+                for &m in &f.links[..f.len as usize] {
+                    let link = &mut self.links[m as usize];
+                    if link.stamp != stamp {
+                        link.stamp = stamp;
+                        self.comp_links.push(m);
+                    }
+                }
+            }
+        }
+        for &l in &self.comp_links {
+            let link = &mut self.links[l as usize];
+            link.left = link.bandwidth();
+            link.unfixed = link.flows.len() as u32;
+        }
+        // Progressive filling; each round fixes every flow of one link (at least one flow).
+        loop {
+            let mut best: Option<(f64, u32)> = None;
+            for &l in &self.comp_links {
+                let link = &self.links[l as usize];
+                if link.unfixed == 0 {
+                    continue;
+                }
+                let share = link.left.max(0.0) / link.unfixed as f64;
+                if best.is_none_or(|(s, _)| share < s) {
+                    best = Some((share, l));
+                }
+            }
+            let Some((share, l)) = best else {
+                break;
+            };
+            for k in 0..self.links[l as usize].flows.len() {
+                let id = self.links[l as usize].flows[k];
+                let f = &mut self.flows[id as usize];
+                if f.new_rate >= 0.0 {
+                    continue;
+                }
+                f.new_rate = share;
+                for &m in &f.links[..f.len as usize] {
+                    let link = &mut self.links[m as usize];
+                    link.left -= share;
+                    link.unfixed -= 1;
+                }
+            }
+        }
+        for &id in &self.comp_flows {
+            let f = &mut self.flows[id as usize];
+            if f.new_rate == f.rate {
+                continue;
+            }
+            let elapsed = (now - f.updated).as_secs_f64();
+            f.remaining = (f.remaining - f.rate * elapsed).max(0.0);
+            f.updated = now;
+            f.rate = f.new_rate;
+            f.version = f.version.wrapping_add(1);
+            if f.rate > 0.0 {
+                self.pending.push(Reschedule {
+                    flow: id,
+                    version: f.version,
+                    at: now + duration(f.remaining, f.rate),
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! Tests of the network model: paths, max-min fair sharing, small messages, SSD streaming,
+//! cut links.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use super::*;
+use crate::hardware::*;
+
+pub(crate) fn cluster(nodes: u32) -> HardwareSpec {
+    HardwareSpec {
+        nodes,
+        gpus_per_node: 2,
+        gpu: GpuSpec {
+            name: "test".into(),
+            memory_bytes: 16 << 30,
+            memory_bandwidth: 1e12,
+            peak_flops: 1e14,
+            compute_efficiency: 1.0,
+            memory_efficiency: 1.0,
+        },
+        host: HostSpec {
+            memory_bytes: 64 << 30,
+            memory_bandwidth: 1e11,
+            memory_efficiency: 1.0,
+        },
+        ssd: SsdSpec {
+            drives: 1,
+            capacity_bytes_per_drive: 1 << 40,
+            read_bandwidth_per_drive: 1e9,
+            write_bandwidth_per_drive: 1e9,
+            latency: Nanos(10_000),
+            efficiency: 1.0,
+        },
+        pcie: LinkSpec {
+            bandwidth: 1e10,
+            latency: Nanos(1_000),
+            efficiency: 1.0,
+        },
+        nvlink: LinkSpec {
+            bandwidth: 1e11,
+            latency: Nanos(500),
+            efficiency: 1.0,
+        },
+        network: NetworkSpec {
+            nics_per_node: 1,
+            nic: LinkSpec {
+                bandwidth: 1e9,
+                latency: Nanos(1_000),
+                efficiency: 1.0,
+            },
+            switch_latency: Nanos(100),
+            switch_hops: 3,
+        },
+    }
+}
+
+/// One transfer of a test: start time, from, to, bytes; or an SSD read from a node.
+#[derive(Clone, Copy)]
+enum T {
+    Send(u64, Place, Place, u64),
+    SsdRead(u64, u32, Place, u64),
+    /// At this time, set node's NICs to this factor (blocked until the third value).
+    Nics(u64, u32, f64, u64),
+}
+
+/// Runs `transfers` on `net` as the simulation host would: starts at their times, finish
+/// events in time order (stale versions skipped); returns each transfer's arrival (0 for
+/// NIC changes).
+fn run(net: &mut Network, transfers: &[T]) -> Vec<Nanos> {
+    let mut arrivals = vec![Nanos::ZERO; transfers.len()];
+    // (time, kind 0 = finish / 1 = start, seq, flow or index, version)
+    let mut heap = BinaryHeap::new();
+    let mut seq = 0u64;
+    for (i, t) in transfers.iter().enumerate() {
+        let at = match *t {
+            T::Send(at, ..) | T::SsdRead(at, ..) | T::Nics(at, ..) => at,
+        };
+        heap.push(Reverse((at, 1u8, seq, i as u32, 0u32)));
+        seq += 1;
+    }
+    let mut owner = std::collections::HashMap::new();
+    while let Some(Reverse((at, kind, _, who, version))) = heap.pop() {
+        let now = Nanos(at);
+        if kind == 1 {
+            let started = match transfers[who as usize] {
+                T::Send(_, from, to, bytes) => net.transfer(now, from, to, bytes),
+                T::SsdRead(_, node, to, bytes) => net.ssd_read(now, node, to, bytes).unwrap(),
+                T::Nics(_, node, factor, until) => {
+                    net.set_nics(now, node, factor, Nanos(until));
+                    Transfer::At(now)
+                }
+            };
+            match started {
+                Transfer::At(t) => arrivals[who as usize] = t,
+                Transfer::Flow(f) => {
+                    owner.insert(f, who);
+                }
+            }
+        } else if let Some(arrival) = net.finish(now, who, version) {
+            arrivals[owner[&who] as usize] = arrival;
+        }
+        for r in net.reschedules() {
+            heap.push(Reverse((r.at.0, 0, seq, r.flow, r.version)));
+            seq += 1;
+        }
+    }
+    assert_eq!(net.active_flows(), 0, "every flow ended");
+    arrivals
+}
+
+const MB: u64 = 1_000_000;
+const H0: Place = Place::Host { node: 0 };
+const H1: Place = Place::Host { node: 1 };
+const G10: Place = Place::Gpu { node: 1, gpu: 0 };
+/// Inter-node latency of `cluster`: 2 x 1 us + 3 x 100 ns.
+const NET: u64 = 2_300;
+
+#[test]
+fn a_transfer_costs_bytes_over_its_bottleneck_plus_path_latency() {
+    let mut net = Network::new(&cluster(2));
+    // 1 MB at 1 GB/s (the NICs; DRAM is 100 GB/s) = 1 ms.
+    let t = run(&mut net, &[T::Send(0, Place::Frontend, H1, MB)]);
+    assert_eq!(t, [Nanos(1_000_000 + NET)]);
+    // Into a GPU of another node: the reader's PCIe (10 GB/s) is crossed too, and its
+    // latency (1 us) counts.
+    let mut net = Network::new(&cluster(2));
+    let t = run(&mut net, &[T::Send(0, H0, G10, MB)]);
+    assert_eq!(t, [Nanos(1_000_000 + NET + 1_000)]);
+    assert_eq!(net.totals().network, MB);
+    assert_eq!(net.totals().pcie, MB);
+}
+
+#[test]
+fn efficiency_scales_a_links_bandwidth() {
+    let mut spec = cluster(2);
+    spec.network.nic.efficiency = 0.5;
+    let mut net = Network::new(&spec);
+    let t = run(&mut net, &[T::Send(0, H0, H1, MB)]);
+    assert_eq!(t, [Nanos(2_000_000 + NET)]);
+}
+
+#[test]
+fn flows_on_a_link_share_it_equally_and_speed_up_when_one_ends() {
+    let mut net = Network::new(&cluster(2));
+    // Same receiving NIC: 0.5 GB/s each while both run. A ends at 2 ms, having sent 1 MB;
+    // B has sent 1 MB too, and its last 2 MB go at the full 1 GB/s: 4 ms.
+    let t = run(
+        &mut net,
+        &[
+            T::Send(0, H0, H1, MB),
+            T::Send(0, Place::Frontend, H1, 3 * MB),
+        ],
+    );
+    assert_eq!(t, [Nanos(2_000_000 + NET), Nanos(4_000_000 + NET)]);
+    // Opposite directions share nothing.
+    let mut net = Network::new(&cluster(2));
+    let t = run(&mut net, &[T::Send(0, H0, H1, MB), T::Send(0, H1, H0, MB)]);
+    assert_eq!(t, [Nanos(1_000_000 + NET); 2]);
+}
+
+#[test]
+fn max_min_gives_what_a_slower_flow_leaves_to_the_others() {
+    let mut spec = cluster(2);
+    spec.pcie.bandwidth = 0.25e9;
+    let mut net = Network::new(&spec);
+    // Both cross node 0's NIC tx and node 1's NIC rx (1 GB/s); B also the reader's PCIe at
+    // 0.25 GB/s. Max-min: B = 0.25, A = 0.75 GB/s (an equal split would waste 0.25).
+    let t = run(
+        &mut net,
+        &[T::Send(0, H0, H1, 3 * MB), T::Send(0, H0, G10, MB)],
+    );
+    assert_eq!(t[0], Nanos(4_000_000 + NET));
+    assert_eq!(t[1], Nanos(4_000_000 + NET + 1_000));
+}
+
+#[test]
+fn a_small_message_is_not_stuck_behind_a_bulk_transfer() {
+    let mut spec = cluster(2);
+    spec.network.nic.bandwidth = 25e9;
+    let mut net = Network::new(&spec);
+    // A 1 GiB load holds the link for ~43 ms; a 4 KiB message sent 1 ms in arrives after
+    // twice its own transmission time (its fair share is half the link) and the latency.
+    let t = run(
+        &mut net,
+        &[
+            T::Send(0, H0, H1, 1 << 30),
+            T::Send(1_000_000, H0, H1, 4096),
+        ],
+    );
+    let own = 4096.0 / 25e9 * 1e9;
+    let late = t[1].0 - 1_000_000 - NET;
+    assert!((late as f64) <= 2.0 * own + 1.0, "{late} ns");
+    assert!(late as f64 + (NET as f64) < own + 50_000.0);
+    // The bulk transfer is not slowed by it (small messages do not join the share).
+    assert_eq!(
+        t[0],
+        Nanos(((1u64 << 30) as f64 / 25e9 * 1e9).ceil() as u64 + NET)
+    );
+}
+
+#[test]
+fn ssd_reads_stream_to_the_reader() {
+    let mut net = Network::new(&cluster(2));
+    // SSD 1 GB/s, DRAM 100 GB/s (crossed twice), NICs 1 GB/s, PCIe 10 GB/s: 10 MB in 10 ms
+    // (store-and-forward would take 20 ms), plus SSD, network and PCIe latency.
+    let t = run(&mut net, &[T::SsdRead(0, 0, G10, 10 * MB)]);
+    assert_eq!(t, [Nanos(10_000_000 + 10_000 + NET + 1_000)]);
+    assert_eq!(net.totals().ssd, 10 * MB);
+    assert_eq!(net.totals().network, 10 * MB);
+    // Into its own node's memory (a promotion) only the SSD and DRAM are crossed.
+    let t = run(&mut net, &[T::SsdRead(0, 0, H0, MB)]);
+    assert_eq!(t, [Nanos(1_000_000 + 10_000)]);
+    // Writes cross DRAM and the SSD write channel.
+    let w = net.ssd_write(Nanos(0), 0, MB).unwrap();
+    assert!(matches!(w, Transfer::Flow(_)));
+}
+
+#[test]
+fn a_cut_link_stops_its_flows_until_it_is_restored() {
+    let mut net = Network::new(&cluster(2));
+    // 2 MB at 1 GB/s; node 1's NICs are cut from 1 ms to 5 ms: 1 MB before, 1 MB after.
+    let t = run(
+        &mut net,
+        &[
+            T::Send(0, H0, H1, 2 * MB),
+            T::Nics(1_000_000, 1, 0.0, 5_000_000),
+            T::Nics(5_000_000, 1, 1.0, 0),
+            // A small message during the cut waits for its end.
+            T::Send(2_000_000, H0, H1, 1_000),
+        ],
+    );
+    assert_eq!(t[0], Nanos(6_000_000 + NET));
+    assert!(t[3] >= Nanos(5_000_000 + NET), "{:?}", t[3]);
+    // At half speed, the rest takes twice as long.
+    let mut net = Network::new(&cluster(2));
+    let t = run(
+        &mut net,
+        &[T::Send(0, H0, H1, 2 * MB), T::Nics(1_000_000, 1, 0.5, 0)],
+    );
+    assert_eq!(t[0], Nanos(3_000_000 + NET));
+}
+
+#[test]
+fn same_place_is_free_and_intra_node_uses_nvlink_or_pcie() {
+    let mut net = Network::new(&cluster(2));
+    let g0 = Place::Gpu { node: 0, gpu: 0 };
+    let g1 = Place::Gpu { node: 0, gpu: 1 };
+    assert_eq!(
+        net.transfer(Nanos(5), g0, g0, 1 << 20),
+        Transfer::At(Nanos(5))
+    );
+    let t = run(
+        &mut net,
+        &[T::Send(0, g0, g1, 100 * MB), T::Send(0, H0, g1, 10 * MB)],
+    );
+    // NVLink at 100 GB/s; host to GPU at PCIe's 10 GB/s (DRAM 100 GB/s).
+    assert_eq!(t, [Nanos(1_000_000 + 500), Nanos(1_000_000 + 1_000)]);
+    assert_eq!(net.totals().nvlink, 100 * MB);
+    assert_eq!(net.totals().pcie, 10 * MB);
+}
+
+#[test]
+fn many_flows_conserve_bandwidth_and_end_in_time_order_of_size() {
+    // 8 flows of 1..8 MB into one NIC at once: together they take 36 ms (the link is never
+    // idle), and a smaller flow never ends after a larger one.
+    let mut net = Network::new(&cluster(2));
+    let transfers: Vec<T> = (1..=8)
+        .map(|i| T::Send(0, Place::Frontend, H1, i * MB))
+        .collect();
+    let t = run(&mut net, &transfers);
+    assert!(t.windows(2).all(|w| w[0] <= w[1]), "{t:?}");
+    let last = t[7].0 - NET;
+    assert!((36_000_000..=36_000_010).contains(&last), "{last}");
+}
