@@ -12,11 +12,14 @@
 //!    metadata service (one request; payload 8 bytes per id), skipping the tensors its own GPU
 //!    cache already holds. The service answers after `metadata_service_us` (requests queue
 //!    FIFO) with the load plan: per source (node and tier) the tensors, bytes and segments.
-//! 2. The instance loads every group at once: from host memory it posts one bulk read (RDMA
-//!    from another node, a copy over PCIe from its own), paying the per-request and
-//!    per-segment overhead; from SSD it asks that node's server, which reads the SSD and sends
-//!    the bytes. The request queues for admission when all groups have arrived; its loaded
-//!    tokens are not recomputed (TTFT = lookup + loads + queueing + prefill of the rest).
+//! 2. The instance loads every group at once: it posts one bulk read per group (RDMA from
+//!    another node's host memory, a copy over PCIe from its own, or an SSD read that the
+//!    owner's node streams through a bounce buffer in its host memory), paying the
+//!    per-request and per-segment overhead. Each load crosses every link on its way
+//!    ([`crate::hardware::network`]: DRAM, NICs, the reader GPU's PCIe, the SSD channel),
+//!    sharing them fairly with the other transfers. The request queues for admission when all
+//!    groups have arrived; its loaded tokens are not recomputed (TTFT = lookup + loads +
+//!    queueing + prefill of the rest).
 //! 3. After its prefill, the instance writes the tensors beyond the stored prefix to its own
 //!    node's server (GPU to host over PCIe); the server registers them with the metadata
 //!    service, which evicts, demotes (the server then writes to SSD) or drops as needed.
