@@ -1,6 +1,9 @@
 //! The flows in the fair share, and max-min fair rates by progressive filling (see the module
 //! doc of [`super`]).
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
 use crate::units::Nanos;
 
 /// A flow's slot; reused after the flow ends (versions tell its occupants apart).
@@ -65,6 +68,8 @@ pub(super) struct Flows {
     // Scratch: the component being reshared.
     comp_links: Vec<u32>,
     comp_flows: Vec<FlowId>,
+    /// Scratch: links by share (the bits of a non-negative `f64` order like the number).
+    heap: BinaryHeap<Reverse<(u64, u32)>>,
 }
 
 /// Nanoseconds to send `bytes` at `rate` bytes/s, rounded up.
@@ -100,7 +105,20 @@ impl Flows {
             pending: Vec::new(),
             comp_links: Vec::new(),
             comp_flows: Vec::new(),
+            heap: BinaryHeap::new(),
         }
+    }
+
+    /// Every live flow's rate and path, and every link's bandwidth now (for tests).
+    #[cfg(test)]
+    pub(super) fn snapshot(&self) -> (Vec<(f64, Vec<u32>)>, Vec<f64>) {
+        let flows = self
+            .flows
+            .iter()
+            .filter(|f| f.live)
+            .map(|f| (f.rate, f.links[..f.len as usize].to_vec()))
+            .collect();
+        (flows, self.links.iter().map(Link::bandwidth).collect())
     }
 
     pub(super) fn active(&self) -> usize {
@@ -240,32 +258,40 @@ impl Flows {
             link.left = link.bandwidth();
             link.unfixed = link.flows.len() as u32;
         }
-        // Progressive filling; each round fixes every flow of one link (at least one flow).
-        loop {
-            let mut best: Option<(f64, u32)> = None;
-            for &l in &self.comp_links {
-                let link = &self.links[l as usize];
-                if link.unfixed == 0 {
-                    continue;
-                }
-                let share = link.left.max(0.0) / link.unfixed as f64;
-                if best.is_none_or(|(s, _)| share < s) {
-                    best = Some((share, l));
-                }
+        // Progressive filling: the link with the smallest share fixes its unfixed flows at that
+        // share. Fixing flows at the smallest share never lowers another link's share (it
+        // takes at most that link's share from it), so a heap with stale entries finds each
+        // next smallest: an entry whose share grew since it was pushed is pushed again.
+        // Bounded: each pop fixes a link's flows or re-pushes a link whose share grew, at
+        // most once per flow fixed on it.
+        let share = |link: &Link| link.left.max(0.0) / link.unfixed as f64;
+        self.heap.clear();
+        for &l in &self.comp_links {
+            let link = &self.links[l as usize];
+            if link.unfixed > 0 {
+                self.heap.push(Reverse((share(link).to_bits(), l)));
             }
-            let Some((share, l)) = best else {
-                break;
-            };
+        }
+        while let Some(Reverse((bits, l))) = self.heap.pop() {
+            let link = &self.links[l as usize];
+            if link.unfixed == 0 {
+                continue;
+            }
+            let now_share = share(link);
+            if now_share.to_bits() != bits {
+                self.heap.push(Reverse((now_share.to_bits(), l)));
+                continue;
+            }
             for k in 0..self.links[l as usize].flows.len() {
                 let id = self.links[l as usize].flows[k];
                 let f = &mut self.flows[id as usize];
                 if f.new_rate >= 0.0 {
                     continue;
                 }
-                f.new_rate = share;
+                f.new_rate = now_share;
                 for &m in &f.links[..f.len as usize] {
                     let link = &mut self.links[m as usize];
-                    link.left -= share;
+                    link.left -= now_share;
                     link.unfixed -= 1;
                 }
             }

@@ -273,3 +273,78 @@ fn many_flows_conserve_bandwidth_and_end_in_time_order_of_size() {
     let last = t[7].0 - NET;
     assert!((36_000_000..=36_000_010).contains(&last), "{last}");
 }
+
+/// Checks that the rates now are max-min fair: no link carries more than its bandwidth, and
+/// every flow has a bottleneck: a full link on which no flow goes faster than it.
+fn assert_max_min(net: &Network) {
+    let (flows, bw) = net.flows.snapshot();
+    let mut load = vec![0.0; bw.len()];
+    let mut fastest = vec![0.0f64; bw.len()];
+    for (rate, links) in &flows {
+        for &l in links {
+            load[l as usize] += rate;
+            fastest[l as usize] = fastest[l as usize].max(*rate);
+        }
+    }
+    for (l, (&used, &cap)) in load.iter().zip(&bw).enumerate() {
+        assert!(used <= cap * (1.0 + 1e-9), "link {l}: {used} > {cap}");
+    }
+    for (rate, links) in &flows {
+        let bottleneck = links.iter().any(|&l| {
+            let l = l as usize;
+            load[l] >= bw[l] * (1.0 - 1e-9) && *rate >= fastest[l] * (1.0 - 1e-9)
+        });
+        assert!(
+            bottleneck,
+            "a flow at {rate} B/s has no bottleneck on {links:?}"
+        );
+    }
+}
+
+#[test]
+fn random_flows_get_max_min_fair_rates() {
+    let mut rng = crate::rng::Stream::new(7, 0);
+    for case in 0..50 {
+        let mut spec = cluster(4);
+        spec.gpus_per_node = 2;
+        spec.pcie.bandwidth = [0.3e9, 1e9, 3e9][case % 3];
+        spec.host.memory_bandwidth = [0.8e9, 5e9][case % 2];
+        let mut net = Network::new(&spec);
+        let place = |r: &mut crate::rng::Stream| {
+            let node = r.below(4) as u32;
+            match r.below(3) {
+                0 => Place::Host { node },
+                1 => Place::Gpu {
+                    node,
+                    gpu: r.below(2) as u32,
+                },
+                _ => Place::Frontend,
+            }
+        };
+        let mut now = Nanos::ZERO;
+        // The latest finish time of each flow.
+        let mut due = std::collections::BTreeMap::new();
+        for _ in 0..60 {
+            now += Nanos(rng.below(1_000));
+            if rng.below(3) == 0 {
+                // The flow due first ends (at its time, or now if that has passed).
+                if let Some((&f, &(v, at))) = due.iter().min_by_key(|(_, (_, at))| *at) {
+                    now = now.max(at);
+                    assert!(net.finish(now, f, v).is_some());
+                    due.remove(&f);
+                }
+            } else {
+                let (from, to) = (place(&mut rng), place(&mut rng));
+                if rng.below(4) == 0 {
+                    net.ssd_read(now, rng.below(4) as u32, to, MB).unwrap();
+                } else {
+                    net.transfer(now, from, to, MB);
+                }
+            }
+            for r in net.reschedules() {
+                due.insert(r.flow, (r.version, r.at));
+            }
+            assert_max_min(&net);
+        }
+    }
+}
