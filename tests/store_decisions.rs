@@ -16,12 +16,18 @@ struct Script {
 
 impl Script {
     fn new(eviction: Eviction, replicate_after_reads: Option<u32>) -> Script {
-        // Two nodes; per node 4 tensors of host memory (at most 2 replicas) and 2 on SSD.
+        // Two nodes; per node an owned cache of 4 tensors, and 2 on SSD. With replication, a
+        // replica cache of 2 tensors besides (EvoStore has none, as in a run).
+        let replica_capacity = if replicate_after_reads.is_some() {
+            200
+        } else {
+            0
+        };
         let params = StoreParams {
             nodes: 2,
             tensor_bytes: 100,
-            host_capacity: 400,
-            replica_capacity: 200,
+            host_capacity: 400 + replica_capacity,
+            replica_capacity,
             ssd_capacity: 200,
             eviction,
             consolidate: true,

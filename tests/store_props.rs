@@ -1,5 +1,9 @@
 //! Property tests of the prefix store's bookkeeping ([`Directory`]): random sequences of
-//! inserts, lookups and replications on random capacities, checked after every step.
+//! inserts, lookups and replications on random capacities and replica shares (0 included),
+//! checked after every step: the directory's full invariant check (each cache within its
+//! share, counters and queues agree with the tensors, replicas of other nodes' tensors), the
+//! stored prefix against brute force, and that the owned cache and the replica cache never
+//! evict from each other.
 
 use std::collections::BTreeSet;
 
@@ -50,18 +54,20 @@ fn params() -> impl Strategy<Value = StoreParams> {
     (
         1u32..4,
         1u64..8,
-        0u64..4,
+        // The replica cache's share of host memory, in eighths: 0 (EvoStore) to all of it.
+        0u64..=8,
         0u64..6,
         prop::bool::ANY,
         prop::bool::ANY,
         0u32..3,
     )
         .prop_map(
-            |(nodes, host, rep, ssd, gdsf, consolidate, after)| StoreParams {
+            |(nodes, host, eighths, ssd, gdsf, consolidate, after)| StoreParams {
                 nodes,
                 tensor_bytes: 10,
                 host_capacity: host * 10,
-                replica_capacity: rep.min(host) * 10,
+                // Not always a whole number of tensors, nor is the owned rest.
+                replica_capacity: host * 10 * eighths / 8,
                 ssd_capacity: ssd * 10,
                 eviction: if gdsf { Eviction::Gdsf } else { Eviction::Lru },
                 consolidate,
@@ -115,6 +121,10 @@ proptest! {
         // What must be stored: every stored tensor, less what a modelled eviction dropped.
         let mut expected: BTreeSet<TensorId> = BTreeSet::new();
         for op in ops {
+            let nodes = d.params().nodes;
+            let replicas_before: Vec<Vec<TensorId>> = (0..nodes).map(|n| d.replicas_on(n)).collect();
+            let usage_before: Vec<(u64, u64, u64)> = (0..nodes).map(|n| d.usage(n)).collect();
+            let mut replicated = false;
             match op {
                 Op::Insert { prompt, node } => {
                     d.insert(&chain(&prompt), node);
@@ -127,24 +137,47 @@ proptest! {
                     prop_assert_eq!(loaded as usize, (plan.stored_chunks as usize).saturating_sub(skip));
                     if !plan.replicate.is_empty() {
                         d.add_replicas(reader, &plan.replicate);
+                        replicated = true;
                     }
                 }
             }
             if let Err(e) = d.check() {
                 prop_assert!(false, "{}", e);
             }
-            for e in d.events.replace(Vec::new()).unwrap() {
-                match e {
+            let events = d.events.replace(Vec::new()).unwrap();
+            for e in &events {
+                match *e {
                     StoreEvent::Stored { id, .. } => {
                         expected.insert(id);
                     }
                     StoreEvent::Dropped { id, .. } => {
                         expected.remove(&id);
                     }
-                    StoreEvent::Demoted { replicas_left, .. } => {
-                        prop_assert_eq!(replicas_left, 0, "replicas go before owned tensors");
+                    StoreEvent::ReplicaEvicted { .. } => {
+                        prop_assert!(replicated, "making room for owned tensors evicted a replica");
+                    }
+                    StoreEvent::Demoted { .. } => {
+                        prop_assert!(!replicated, "making room for replicas demoted a tensor");
                     }
                     _ => {}
+                }
+            }
+            if replicated {
+                // Adding replicas moved no owned tensor on any node.
+                for n in 0..nodes {
+                    let (owned, _, ssd) = d.usage(n);
+                    let (owned0, _, ssd0) = usage_before[n as usize];
+                    prop_assert_eq!((owned, ssd), (owned0, ssd0), "node {}", n);
+                }
+            } else {
+                // Replicas only leave with the tensors they copy.
+                for n in 0..nodes {
+                    let kept: Vec<TensorId> = replicas_before[n as usize]
+                        .iter()
+                        .copied()
+                        .filter(|&id| d.contains(id))
+                        .collect();
+                    prop_assert_eq!(d.replicas_on(n), kept, "node {}", n);
                 }
             }
             prop_assert_eq!(d.ids(), expected.iter().copied().collect::<Vec<_>>());

@@ -34,8 +34,19 @@ struct Entry {
     /// Bumped on every re-keying; heap items of older versions are stale.
     version: u32,
     freq: u32,
+    /// The tick of the last access.
+    tick: u64,
     /// cost / size, in ns per byte.
     value: f64,
+}
+
+/// The access history of an entry, carried along when it moves to another queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Access {
+    /// Accesses counted so far (1 when the entry was added).
+    pub freq: u32,
+    /// The tick of the last access.
+    pub tick: u64,
 }
 
 /// A heap item: (key, id, version), smallest first.
@@ -115,6 +126,7 @@ impl EvictionQueue {
             key: self.key(freq, value, tick),
             version: 0,
             freq,
+            tick,
             value,
         };
         let old = self.entries.insert(id, e);
@@ -132,6 +144,7 @@ impl EvictionQueue {
             key: self.key(freq, old.value, tick),
             version: old.version.wrapping_add(1),
             freq,
+            tick,
             value: old.value,
         };
         self.entries.insert(id, e);
@@ -154,7 +167,15 @@ impl EvictionQueue {
 
     /// Removes and returns the first entry in eviction order for which `eligible` holds
     /// (scanning at most the whole queue), advancing the GDSF clock.
-    pub fn pop_first_where(&mut self, mut eligible: impl FnMut(u64) -> bool) -> Option<u64> {
+    pub fn pop_first_where(&mut self, eligible: impl FnMut(u64) -> bool) -> Option<u64> {
+        self.pop_entry_where(eligible).map(|(id, _)| id)
+    }
+
+    /// Like [`Self::pop_first_where`], and also returns the entry's access history.
+    pub fn pop_entry_where(
+        &mut self,
+        mut eligible: impl FnMut(u64) -> bool,
+    ) -> Option<(u64, Access)> {
         let mut passed = Vec::new();
         let mut found = None;
         // Bounded by the heap's length: every round removes one item.
@@ -164,11 +185,15 @@ impl EvictionQueue {
             }
             let Reverse((key, id, _)) = item;
             if eligible(id) {
-                self.entries.remove(&id);
+                let e = self.entries.remove(&id).expect("live item has an entry");
                 if self.kind == Eviction::Gdsf {
                     self.clock = f64::from_bits(key);
                 }
-                found = Some(id);
+                let access = Access {
+                    freq: e.freq,
+                    tick: e.tick,
+                };
+                found = Some((id, access));
                 break;
             }
             passed.push(item);

@@ -22,9 +22,19 @@
 //!    queueing + prefill of the rest).
 //! 3. After its prefill, the instance writes the tensors beyond the stored prefix to its own
 //!    node's server (GPU to host over PCIe); the server registers them with the metadata
-//!    service, which evicts, demotes (the server then writes to SSD) or drops as needed.
+//!    service, which demotes owned tensors (the server then writes them to SSD) or drops
+//!    them as needed to make room in the node's owned cache.
 //! 4. PTStore only: when the plan says a remote prefix is now hot, the instance copies what it
-//!    loaded remotely into its own node's replica cache (GPU to host over PCIe).
+//!    loaded remotely into its own node's replica cache (GPU to host over PCIe); the metadata
+//!    service evicts older replicas as needed to make room there.
+//!
+//! **Host memory of a server** is split in two caches with a fixed threshold: the replica
+//! cache (`replica_fraction` of it; none under EvoStore) and the owned cache (the rest).
+//! Neither takes room from the other: owned tensors are demoted to SSD (dropped when SSD is
+//! full), replicas are evicted (they can be fetched again), each within its own cache, leaves
+//! of the prefix trie first. Eviction order is LRU or GDSF over the accesses the metadata
+//! service sees: every load it plans counts once for the copy that serves it (a replica for
+//! its node's reads, else the owner's tensor). The rules in full are in [`directory`].
 //!
 //! Not modelled: KV memory is not reserved while a load is in flight (the request takes its
 //! blocks at admission); metadata updates are instantaneous at the service; SSD reads do not
@@ -64,7 +74,8 @@ pub struct EvoStoreConfig {
 #[derive(Clone, Debug, PartialEq)]
 pub struct PtStoreConfig {
     pub eviction: Eviction,
-    /// Fraction of a server's host capacity the replica cache may use.
+    /// Fraction of a server's host capacity reserved for the replica cache (the owned cache
+    /// has the rest; neither uses the other's share). In [0, 1).
     pub replica_fraction: f64,
     /// Replicate after this many remote reads of a tensor by one node; `None` disables it.
     pub replicate_after_reads: Option<u32>,

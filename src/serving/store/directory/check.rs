@@ -9,13 +9,38 @@ impl Directory {
         (s.owned_host_bytes, s.replica_bytes, s.ssd_bytes)
     }
 
-    /// Checks every invariant; for tests and end-of-run checks.
+    /// The tensors `node` holds replicas of, sorted.
+    pub fn replicas_on(&self, node: u32) -> Vec<TensorId> {
+        let mut v: Vec<TensorId> = self.servers[node as usize]
+            .replicas
+            .keys()
+            .copied()
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Where owned tensor `id` is, if stored: its owner and tier.
+    pub fn location(&self, id: TensorId) -> Option<(u32, Location)> {
+        self.tensors.get(&id).map(|t| (t.owner, t.loc))
+    }
+
+    /// Checks every invariant; for tests and end-of-run checks. O(stored tensors + replicas).
+    ///
+    /// - the trie: every tensor's parent exists, lists it as a child, and is one chunk shorter;
+    /// - capacities: per server, owned bytes within the owned cache (host memory less the
+    ///   replica share), replica bytes within the replica cache, SSD bytes within the SSD;
+    /// - counters: byte counters and each tensor's counts of children in the same tier of
+    ///   the same node (host, SSD) and each replica's count of replica children equal a
+    ///   recount;
+    /// - replicas: every replica is of a stored tensor owned by another node, recorded on both
+    ///   sides;
+    /// - queues: each queue holds exactly the entries of its tier (host, SSD, replicas).
     pub fn check(&self) -> Result<(), String> {
         let p = &self.params;
         let b = p.tensor_bytes;
-        let mut owned = vec![0u64; p.nodes as usize];
-        let mut ssd = vec![0u64; p.nodes as usize];
-        let mut reps = vec![0u64; p.nodes as usize];
+        let nodes = p.nodes as usize;
+        let (mut owned, mut ssd, mut reps) = (vec![0u64; nodes], vec![0u64; nodes], vec![0; nodes]);
         for (&id, t) in &self.tensors {
             if let Some(parent) = t.parent {
                 let Some(pt) = self.tensors.get(&parent) else {
@@ -27,18 +52,36 @@ impl Directory {
             } else if t.index != 0 {
                 return Err(format!("root tensor {id:#x} at index {}", t.index));
             }
+            for c in &t.children {
+                if self.tensors.get(c).is_none_or(|ct| ct.parent != Some(id)) {
+                    return Err(format!("tensor {id:#x} lists a child {c:#x} that is not"));
+                }
+            }
+            let same_node = |loc| {
+                t.children
+                    .iter()
+                    .map(|c| &self.tensors[c])
+                    .filter(|c| c.owner == t.owner && c.loc == loc)
+                    .count() as u32
+            };
+            if t.host_kids != same_node(Location::Host) || t.ssd_kids != same_node(Location::Ssd) {
+                return Err(format!(
+                    "tensor {id:#x}: counts of children per tier are wrong"
+                ));
+            }
             let s = &self.servers[t.owner as usize];
+            let (in_host, in_ssd) = (s.host_q.contains(id), s.ssd_q.contains(id));
             match t.loc {
                 Location::Host => {
                     owned[t.owner as usize] += b;
-                    if !s.host_q.contains(id) {
-                        return Err(format!("host tensor {id:#x} not in its queue"));
+                    if !in_host || in_ssd {
+                        return Err(format!("host tensor {id:#x} not (only) in the host queue"));
                     }
                 }
                 Location::Ssd => {
                     ssd[t.owner as usize] += b;
-                    if !s.ssd_q.contains(id) {
-                        return Err(format!("SSD tensor {id:#x} not in its queue"));
+                    if !in_ssd || in_host {
+                        return Err(format!("SSD tensor {id:#x} not (only) in the SSD queue"));
                     }
                 }
             }
@@ -54,18 +97,51 @@ impl Directory {
             {
                 return Err(format!("node {n}: byte counters disagree with the tensors"));
             }
-            if s.owned_host_bytes + s.replica_bytes > p.host_capacity {
-                return Err(format!("node {n}: host memory over capacity"));
+            if s.owned_host_bytes > self.owned_capacity() {
+                return Err(format!(
+                    "node {n}: owned tensors over the owned cache's capacity"
+                ));
             }
-            if s.replica_bytes > p.replica_capacity || s.ssd_bytes > p.ssd_capacity {
-                return Err(format!("node {n}: replica cache or SSD over capacity"));
+            if s.replica_bytes > p.replica_capacity {
+                return Err(format!(
+                    "node {n}: replicas over the replica cache's capacity"
+                ));
             }
-            let queued = (s.host_q.len() + s.ssd_q.len()) as u64 * b;
-            if queued != owned[n] + ssd[n] || s.replica_q.len() as u64 * b != reps[n] {
+            if s.ssd_bytes > p.ssd_capacity {
+                return Err(format!("node {n}: SSD over capacity"));
+            }
+            if s.host_q.len() as u64 * b != owned[n] || s.ssd_q.len() as u64 * b != ssd[n] {
                 return Err(format!("node {n}: queues disagree with the tensors"));
             }
-            if s.replicas.len() != s.replica_q.len() {
-                return Err(format!("node {n}: replica map and queue disagree"));
+            if s.replicas.len() != s.replica_q.len()
+                || s.replica_bytes != s.replicas.len() as u64 * b
+            {
+                return Err(format!("node {n}: replica map, queue and bytes disagree"));
+            }
+            for (&id, r) in &s.replicas {
+                let Some(t) = self.tensors.get(&id) else {
+                    return Err(format!("node {n}: replica of {id:#x}, which is not stored"));
+                };
+                if t.owner as usize == n || !t.replicas.contains(&(n as u32)) {
+                    return Err(format!(
+                        "node {n}: replica of {id:#x} not recorded on the tensor"
+                    ));
+                }
+                if !s.replica_q.contains(id) {
+                    return Err(format!(
+                        "node {n}: replica of {id:#x} not in the replica queue"
+                    ));
+                }
+                let kids = t
+                    .children
+                    .iter()
+                    .filter(|c| s.replicas.contains_key(c))
+                    .count() as u32;
+                if r.kids != kids {
+                    return Err(format!(
+                        "node {n}: replica of {id:#x} miscounts its children"
+                    ));
+                }
             }
         }
         Ok(())

@@ -1,17 +1,14 @@
-//! Making room: evicting replicas, demoting owned tensors to SSD, dropping subtrees, and
-//! adding replicas (see the module doc of [`super`]).
+//! Making room: demoting owned tensors to SSD, dropping subtrees, and adding and evicting
+//! replicas (see the module doc of [`super`]). The owned cache and the replica cache of a
+//! server make room each within its own share of host memory: neither ever evicts from the
+//! other.
 
 use super::*;
 
 impl Directory {
-    fn host_used(&self, node: u32) -> u64 {
-        let s = &self.servers[node as usize];
-        s.owned_host_bytes + s.replica_bytes
-    }
-
-    /// Frees host memory on `node` for one more owned tensor: replicas first, then demote
-    /// owned tensors to SSD (dropping from SSD when it is full), never one of `pinned` (the
-    /// prefix an insert extends). False if impossible.
+    /// Frees owned memory on `node` for one more owned tensor: demotes owned tensors to SSD
+    /// (dropping from SSD when it is full), leaves of host memory first, never one of `pinned`
+    /// (the prefix an insert extends). The replica cache is left alone. False if impossible.
     pub(super) fn make_room_for_owned(
         &mut self,
         node: u32,
@@ -19,120 +16,152 @@ impl Directory {
         out: &mut InsertOutcome,
     ) -> bool {
         let bytes = self.params.tensor_bytes;
-        // Bounded: each round removes one entry from a queue.
-        while self.host_used(node) + bytes > self.params.host_capacity {
-            if self.evict_replica(node) {
-                out.replicas_evicted += 1;
-                continue;
-            }
+        let capacity = self.owned_capacity();
+        if bytes > capacity {
+            return false;
+        }
+        // Bounded: each round removes one entry from the host queue.
+        while self.servers[node as usize].owned_host_bytes + bytes > capacity {
             let tensors = &self.tensors;
             let q = &mut self.servers[node as usize].host_q;
-            let free = |id: u64| !pinned.contains(&id);
-            let leaf = |id: u64| free(id) && tensors[&id].children.is_empty();
-            let Some(victim) = q.pop_first_where(leaf).or_else(|| q.pop_first_where(free)) else {
+            // Only leaves: whenever an unpinned tensor is in host memory, an unpinned leaf is
+            // (the one of highest index has no child there: a pinned child would pin it, as
+            // the pinned tensors are a prefix).
+            let eligible = |id: u64| !pinned.contains(&id) && tensors[&id].is_leaf();
+            let Some((victim, access)) = q.pop_entry_where(eligible) else {
                 return false;
             };
             out.demoted += 1;
-            if !self.demote(node, victim, pinned, out) {
-                return false;
-            }
+            self.demote(node, victim, access, pinned, out);
         }
         true
     }
 
-    fn evict_replica(&mut self, node: u32) -> bool {
-        self.evict_replica_except(node, &[])
-    }
-
-    /// Evicts one replica on `node` that is not in `keep`.
-    pub(super) fn evict_replica_except(&mut self, node: u32, keep: &[TensorId]) -> bool {
-        let server = &mut self.servers[node as usize];
-        let Some(id) = server.replica_q.pop_first_where(|id| !keep.contains(&id)) else {
+    /// Evicts one replica on `node` that is not in `keep`, a leaf of the replica cache (no
+    /// child of it is a replica there). `keep` is a prefix (closed under parents), so such a
+    /// leaf exists whenever a replica outside `keep` does. False if there is none.
+    fn evict_replica_except(&mut self, node: u32, keep: &[TensorId]) -> bool {
+        let Server {
+            replicas,
+            replica_q,
+            ..
+        } = &mut self.servers[node as usize];
+        let eligible = |id: u64| !keep.contains(&id) && replicas[&id].kids == 0;
+        let Some(id) = replica_q.pop_first_where(eligible) else {
             return false;
         };
-        server.replicas.remove(&id);
-        server.replica_bytes -= self.params.tensor_bytes;
         let t = self
             .tensors
             .get_mut(&id)
             .expect("replica of a stored tensor");
         t.replicas.retain(|&n| n != node);
-        let index = t.index;
+        let (index, parent) = (t.index, t.parent);
+        self.unlink_replica(node, id, parent);
         self.stats.replicas_evicted += 1;
         self.record(StoreEvent::ReplicaEvicted { node, index });
         true
     }
 
-    /// Moves `id` (already out of the host queue) to SSD on `node`, dropping SSD tensors
-    /// (never one of `pinned`) to make room; drops `id` itself if SSD cannot hold it. `id` is
-    /// not pinned, and neither is any tensor below it: the pinned tensors are a prefix, so the
-    /// subtree of a tensor outside it holds none of them.
+    /// Removes the replica of `id` (whose parent is `parent`) from `node`'s replica cache:
+    /// its record, its queue entry if still there, its bytes, and its parent's count of
+    /// replica children. The tensor's own list of replicas is the caller's.
+    fn unlink_replica(&mut self, node: u32, id: TensorId, parent: Option<TensorId>) {
+        let s = &mut self.servers[node as usize];
+        if s.replicas.remove(&id).is_none() {
+            return;
+        }
+        s.replica_q.remove(id);
+        s.replica_bytes -= self.params.tensor_bytes;
+        if let Some(p) = parent
+            && let Some(r) = s.replicas.get_mut(&p)
+        {
+            r.kids -= 1;
+        }
+    }
+
+    /// Moves owned tensor `id` to tier `to` on its owner, keeping its parent's counts of
+    /// children per tier right. Bytes and queues are the caller's.
+    fn set_location(&mut self, id: TensorId, to: Location) {
+        let t = self.tensors.get_mut(&id).expect("moved tensor exists");
+        let (from, owner, parent) = (t.loc, t.owner, t.parent);
+        t.loc = to;
+        if let Some(p) = parent
+            && let Some(pt) = self.tensors.get_mut(&p)
+            && pt.owner == owner
+        {
+            *pt.kids_mut(from) -= 1;
+            *pt.kids_mut(to) += 1;
+        }
+    }
+
+    /// Moves `id` (already out of the host queue, with its access history `access`) to SSD on
+    /// `node`, dropping SSD tensors (leaves of the SSD first, never one of `pinned`) to make
+    /// room; drops `id` itself if SSD cannot hold it. `id` is not pinned, and neither is any
+    /// tensor below it: the pinned tensors are a prefix, so the subtree of a tensor outside it
+    /// holds none of them.
     fn demote(
         &mut self,
         node: u32,
         id: TensorId,
+        access: Access,
         pinned: &[TensorId],
         out: &mut InsertOutcome,
-    ) -> bool {
+    ) {
         let bytes = self.params.tensor_bytes;
         let index = self.tensors[&id].index;
-        let replicas_left = self.servers[node as usize].replica_bytes;
-        self.record(StoreEvent::Demoted {
-            node,
-            index,
-            replicas_left,
-        });
+        self.record(StoreEvent::Demoted { node, index });
         self.stats.demoted += 1;
         self.servers[node as usize].owned_host_bytes -= bytes;
         // The tensor is now between tiers: mark it on SSD so a cascade can find it.
-        self.tensors
-            .get_mut(&id)
-            .expect("demoted tensor exists")
-            .loc = Location::Ssd;
+        self.set_location(id, Location::Ssd);
+        // Bounded: each round drops at least one tensor.
         while self.servers[node as usize].ssd_bytes + bytes > self.params.ssd_capacity {
             let tensors = &self.tensors;
             let q = &mut self.servers[node as usize].ssd_q;
-            let leaf = |v: u64| !pinned.contains(&v) && tensors[&v].children.is_empty();
-            let Some(victim) = q.pop_first_where(leaf) else {
-                // No leaf on SSD can go: the tensor being demoted goes instead.
+            let eligible = |v: u64| !pinned.contains(&v) && tensors[&v].is_leaf();
+            let Some(victim) = q.pop_first_where(eligible) else {
+                // Nothing on SSD may go (there is nothing, or only pinned tensors): the
+                // tensor being demoted goes instead.
                 out.dropped += self.drop_tree(id);
-                return true;
+                return;
             };
             // Out of its queue now: its bytes leave here, not in `drop_tree`.
             self.servers[node as usize].ssd_bytes -= bytes;
             out.dropped += self.drop_tree(victim);
             if !self.tensors.contains_key(&id) {
                 // The victim was an ancestor of `id`: it is gone with it.
-                return true;
+                return;
             }
         }
-        let tick = self.next_tick();
-        let freq = 1;
         let value = self.drop_value(index);
         let server = &mut self.servers[node as usize];
         server.ssd_bytes += bytes;
-        server.ssd_q.insert(id, freq, value, tick);
-        true
+        // A demotion is no access: the tensor keeps its count and its last access.
+        server.ssd_q.insert(id, access.freq, value, access.tick);
     }
 
     /// Drops `root` and all its descendants, with their replicas; `root` may already be out of
     /// its queue (a tensor just popped). Returns the number dropped.
     fn drop_tree(&mut self, root: TensorId) -> u32 {
         let bytes = self.params.tensor_bytes;
-        if let Some(p) = self.tensors[&root].parent
-            && let Some(pt) = self.tensors.get_mut(&p)
-        {
-            pt.children.retain(|&c| c != root);
-        }
         let mut stack = vec![root];
         let mut n = 0;
-        // Bounded by the number of stored tensors.
+        // Bounded by the number of stored tensors. A tensor goes before its children, so only
+        // the root's parent outlives this loop and needs its links updated.
         while let Some(id) = stack.pop() {
             let Some(t) = self.tensors.remove(&id) else {
                 continue;
             };
             n += 1;
             stack.extend_from_slice(&t.children);
+            if let Some(p) = t.parent
+                && let Some(pt) = self.tensors.get_mut(&p)
+            {
+                pt.children.retain(|&c| c != id);
+                if pt.owner == t.owner {
+                    *pt.kids_mut(t.loc) -= 1;
+                }
+            }
             let owner = &mut self.servers[t.owner as usize];
             match t.loc {
                 Location::Host => {
@@ -147,10 +176,7 @@ impl Directory {
                 }
             }
             for &node in &t.replicas {
-                let s = &mut self.servers[node as usize];
-                s.replicas.remove(&id);
-                s.replica_q.remove(id);
-                s.replica_bytes -= bytes;
+                self.unlink_replica(node, id, t.parent);
             }
             for s in &mut self.servers {
                 s.remote_reads.remove(&id);
@@ -169,10 +195,11 @@ impl Directory {
     }
 
     /// Adds replicas of `ids` (in prefix order) on `node`, as one contiguous region, within
-    /// the replica cache's capacity (evicting older replicas); replicas never push owned
-    /// tensors out. Returns how many were added.
+    /// the replica cache's share of host memory, evicting older replicas (leaves of the
+    /// replica cache first) but never owned tensors. Returns how many were added.
     pub fn add_replicas(&mut self, node: u32, ids: &[TensorId]) -> u32 {
         let bytes = self.params.tensor_bytes;
+        let capacity = self.params.replica_capacity;
         let wanted: Vec<TensorId> = ids
             .iter()
             .copied()
@@ -182,7 +209,7 @@ impl Directory {
             })
             .collect();
         // Keep the beginning of the prefix if the whole does not fit in the replica cache.
-        let fit = (self.params.replica_capacity / bytes) as usize;
+        let fit = (capacity / bytes) as usize;
         let wanted = &wanted[..wanted.len().min(fit)];
         let need = wanted.len() as u64 * bytes;
         // The batch's own ancestors stay: evicting them would split the prefix it extends.
@@ -191,34 +218,37 @@ impl Directory {
             .map(|&first| self.path_to(first))
             .unwrap_or_default();
         // Evict older replicas (bounded: one per round) until the batch fits.
-        while self.servers[node as usize].replica_bytes + need > self.params.replica_capacity
-            || self.host_used(node) + need > self.params.host_capacity
-        {
+        while self.servers[node as usize].replica_bytes + need > capacity {
             if !self.evict_replica_except(node, &keep) {
                 break;
             }
         }
-        let room_replicas =
-            self.params.replica_capacity - self.servers[node as usize].replica_bytes;
-        let room_host = self
-            .params
-            .host_capacity
-            .saturating_sub(self.host_used(node));
-        let n = (room_replicas.min(room_host) / bytes) as usize;
-        let wanted = &wanted[..wanted.len().min(n)];
+        let room = capacity - self.servers[node as usize].replica_bytes;
+        let wanted = &wanted[..wanted.len().min((room / bytes) as usize)];
         self.next_region += 1;
         let region = self.next_region;
         for &id in wanted {
             let tick = self.next_tick();
             let value = self.params.net_ns_per_byte;
+            let t = self.tensors.get_mut(&id).expect("filtered above");
+            t.replicas.push(node);
+            let (index, parent) = (t.index, t.parent);
             let s = &mut self.servers[node as usize];
-            s.replicas.insert(id, region);
+            // Children replicated earlier (O(children)); later ones count themselves in.
+            let kids = self.tensors[&id]
+                .children
+                .iter()
+                .filter(|c| s.replicas.contains_key(c))
+                .count() as u32;
+            if let Some(p) = parent
+                && let Some(r) = s.replicas.get_mut(&p)
+            {
+                r.kids += 1;
+            }
+            s.replicas.insert(id, Replica { region, kids });
             s.replica_bytes += bytes;
             s.replica_q.insert(id, 1, value, tick);
             s.remote_reads.remove(&id);
-            let t = self.tensors.get_mut(&id).expect("filtered above");
-            t.replicas.push(node);
-            let index = t.index;
             self.stats.replicated += 1;
             self.record(StoreEvent::Replicated { node, index });
         }
@@ -232,17 +262,14 @@ impl Directory {
         let Some(server) = self.servers.get_mut(node as usize) else {
             return 0;
         };
-        let bytes = self.params.tensor_bytes;
         let mut held: Vec<TensorId> = server.replicas.keys().copied().collect();
         held.sort_unstable();
         for id in held {
-            let server = &mut self.servers[node as usize];
-            server.replicas.remove(&id);
-            server.replica_q.remove(id);
-            server.replica_bytes -= bytes;
-            if let Some(t) = self.tensors.get_mut(&id) {
+            let parent = self.tensors.get_mut(&id).and_then(|t| {
                 t.replicas.retain(|&n| n != node);
-            }
+                t.parent
+            });
+            self.unlink_replica(node, id, parent);
         }
         let mut owned: Vec<TensorId> = self
             .tensors

@@ -14,19 +14,52 @@
 //! ids are chained, the record of any prefix is found by walking the query's ids in a hash map
 //! until the first miss: one request, O(prompt chunks), no distributed trie.
 //!
-//! **Servers.** Each node's server has host memory (`host_capacity`, split into an owned part
-//! and at most `replica_fraction` of it for replicas) and SSD (`ssd_capacity`). New tensors go
-//! to the writer's host memory (the writer owns them). To make room, replicas are evicted first
-//! (they can be fetched again); then owned tensors are *demoted* to SSD; a tensor is dropped
-//! only when SSD is full too, and dropping a tensor drops its descendants (they are unreachable
-//! without it) and its replicas everywhere. Victims are taken from the leaves of the prefix
-//! trie first (tensors without stored children), in LRU or GDSF order; when SSD has no leaf
-//! to drop, the tensor being demoted is dropped instead. A prefix thus shrinks from its end.
+//! **Servers: an owned cache and a replica cache.** Each node's server splits its host memory
+//! (`host_capacity`) in two fixed shares: the *replica cache* (`replica_capacity`, host memory
+//! x `replica_fraction`; 0 for EvoStore, which has no replicas) and the *owned cache* (the
+//! rest, [`Directory::owned_capacity`]). Behind them is the SSD (`ssd_capacity`), for owned
+//! tensors only. Neither cache ever takes room from the other, even when the other is empty:
+//! owned tensors never use the replica share, and replicas never use the owned share, so
+//! replication keeps its share however full of owned tensors the node is.
+//!
+//! - New tensors go to the writer's owned cache (the writer owns them). Making room there
+//!   *demotes* owned tensors to the SSD; when the SSD is full, making room there *drops* a
+//!   tensor with its whole subtree (its descendants are unreachable without it, on every node)
+//!   and its replicas everywhere. When the SSD holds nothing that may go (no SSD, or only the
+//!   pinned prefix), the tensor being demoted is dropped instead. Replicas are never evicted to
+//!   make room for an owned tensor.
+//! - Replicas go to the reader's replica cache. Making room there *evicts* replicas (they can
+//!   be fetched again from the owner); it never demotes or drops an owned tensor.
+//!
+//! **Leaf-first victims.** Each tier of each node (owned host memory, SSD, replica cache)
+//! chooses its victim among its *leaves* in LRU or GDSF order: a tensor with no child in the
+//! same tier of the same node. A child already demoted to SSD, or owned by another node, does
+//! not make its parent a non-leaf in host memory; a child in host memory does not make its
+//! parent a non-leaf on SSD; a replica is a leaf when no child of it is a replica on the same
+//! node. A prefix thus shrinks from its end, tier by tier. Every tensor counts its children per
+//! tier on its owner (and every replica its replica children), so the test is O(1). Leaves
+//! always exist: the tensor of highest index in a tier has no child there.
 //! An insert never demotes or drops the prefix it extends (the tensors before the new one are
 //! pinned while it runs): when the writer's node has no room without them, the insert stops
-//! there and is counted as refused ([`StoreEvent::Refused`], `StoreStats::refused`). Each tier evicts in LRU or GDSF order
-//! ([`super::eviction`]); GDSF's cost is the time to get the tensor back: SSD read instead of
-//! host read for a demotion, recomputation for a drop, a network fetch for a replica.
+//! there and is counted as refused ([`StoreEvent::Refused`], `StoreStats::refused`). Likewise
+//! adding replicas never evicts the replicated prefix's own ancestors. GDSF's cost is the time
+//! to get the tensor back ([`super::eviction`]): SSD read instead of host read for a demotion,
+//! recomputation for a drop, a network fetch for a replica.
+//!
+//! **Access counts** (GDSF's frequency; LRU's last access). They are what the metadata service
+//! sees, since it makes every eviction decision: it plans every load, while the reads
+//! themselves (one-sided RDMA from host memory) are invisible to the owner's CPU. So:
+//! - each tensor that a [`Directory::lookup`] plans to load is one access to the copy that
+//!   will serve it: the reader's replica when the reader holds one (its own node serves the
+//!   read), otherwise the owner's tensor, in host memory or on SSD. A read served by a replica
+//!   is *not* an access to the owner's tensor (the owner serves nothing), so a prefix that
+//!   every reader holds as a replica cools down on its owner, where it may be demoted;
+//! - tensors the reader skips (already in its GPU cache) and tensors beyond the stored prefix
+//!   are not loaded and not counted; inserting a prompt does not count as an access to the
+//!   stored prefix it extends;
+//! - a new owned tensor or replica starts with one access (its write); a demoted tensor keeps
+//!   its count and its last access (the SSD queue takes over its history; a demotion is no
+//!   access); a replica's count is its own, separate from the owner's.
 //!
 //! **Replication** (PTStore): when a node has read a tensor from a remote owner
 //! `replicate_after_reads` times, the remote part of the prefix it just loaded is copied into
@@ -37,7 +70,7 @@
 
 use std::collections::HashMap;
 
-use super::eviction::{Eviction, EvictionQueue};
+use super::eviction::{Access, Eviction, EvictionQueue};
 use crate::hash::IdBuildHasher;
 use crate::metrics::{StoreStats, Tier};
 
@@ -55,8 +88,12 @@ pub enum Location {
 pub struct StoreParams {
     pub nodes: u32,
     pub tensor_bytes: u64,
+    /// Host memory per server, both caches together.
     pub host_capacity: u64,
+    /// The replica cache's share of `host_capacity` (at most all of it); the owned cache has
+    /// the rest.
     pub replica_capacity: u64,
+    /// SSD per server, for owned tensors.
     pub ssd_capacity: u64,
     pub eviction: Eviction,
     pub consolidate: bool,
@@ -82,7 +119,6 @@ pub enum StoreEvent {
     Demoted {
         node: u32,
         index: u32,
-        replicas_left: u64,
     },
     Dropped {
         node: u32,
@@ -113,7 +149,38 @@ struct Tensor {
     loc: Location,
     region: u64,
     children: Vec<TensorId>,
+    /// Children owned by the same node, in its host memory / on its SSD (whatever this
+    /// tensor's own tier): the tensor is a leaf of its tier when the count of that tier is 0.
+    host_kids: u32,
+    ssd_kids: u32,
     replicas: Vec<u32>,
+}
+
+impl Tensor {
+    /// The count of children owned by the same node and in tier `loc`.
+    fn kids_mut(&mut self, loc: Location) -> &mut u32 {
+        match loc {
+            Location::Host => &mut self.host_kids,
+            Location::Ssd => &mut self.ssd_kids,
+        }
+    }
+
+    /// Whether no child of this tensor lies in its own tier of its own node.
+    fn is_leaf(&self) -> bool {
+        match self.loc {
+            Location::Host => self.host_kids == 0,
+            Location::Ssd => self.ssd_kids == 0,
+        }
+    }
+}
+
+/// A replica held by a node.
+#[derive(Clone, Copy, Debug)]
+struct Replica {
+    region: u64,
+    /// Children of the tensor that are replicas on the same node: a replica is a leaf of the
+    /// replica cache when this is 0.
+    kids: u32,
 }
 
 #[derive(Debug)]
@@ -124,8 +191,8 @@ struct Server {
     host_q: EvictionQueue,
     ssd_q: EvictionQueue,
     replica_q: EvictionQueue,
-    /// Replicas held: tensor -> replica region.
-    replicas: HashMap<TensorId, u64, IdBuildHasher>,
+    /// Replicas held.
+    replicas: HashMap<TensorId, Replica, IdBuildHasher>,
     /// Remote reads of each tensor by this node.
     remote_reads: HashMap<TensorId, u32, IdBuildHasher>,
 }
@@ -157,7 +224,6 @@ pub struct InsertOutcome {
     pub new_tensors: u32,
     pub demoted: u32,
     pub dropped: u32,
-    pub replicas_evicted: u32,
     /// Whether the insert stopped early for want of room (see [`StoreEvent::Refused`]).
     pub refused: bool,
 }
@@ -177,7 +243,16 @@ pub struct Directory {
 }
 
 impl Directory {
+    /// # Panics
+    /// If the replica cache is larger than host memory (the scenario's `replica_fraction` is
+    /// validated to lie in [0, 1)).
     pub fn new(params: StoreParams) -> Directory {
+        assert!(
+            params.replica_capacity <= params.host_capacity,
+            "replica cache ({} B) larger than host memory ({} B)",
+            params.replica_capacity,
+            params.host_capacity
+        );
         let servers = (0..params.nodes)
             .map(|_| Server {
                 owned_host_bytes: 0,
@@ -204,6 +279,12 @@ impl Directory {
 
     pub fn params(&self) -> &StoreParams {
         &self.params
+    }
+
+    /// Bytes of a server's host memory for the tensors it owns: what the replica cache does
+    /// not reserve.
+    pub fn owned_capacity(&self) -> u64 {
+        self.params.host_capacity - self.params.replica_capacity
     }
 
     pub fn len(&self) -> usize {
@@ -265,8 +346,8 @@ impl Directory {
         for &id in &chain[skip..k] {
             let t = &self.tensors[&id];
             let (node, loc, region) =
-                if let Some(&r) = self.servers[reader as usize].replicas.get(&id) {
-                    (reader, Location::Host, r)
+                if let Some(r) = self.servers[reader as usize].replicas.get(&id) {
+                    (reader, Location::Host, r.region)
                 } else {
                     (t.owner, t.loc, t.region)
                 };
@@ -311,17 +392,20 @@ impl Directory {
                 }
             }
         }
-        // Touch from the last tensor to the first, so that under LRU a prefix's early
-        // tensors are the most recent.
+        // One access to the copy that serves each planned tensor (see "Access counts" in the
+        // module doc): the reader's replica if it has one, else the owner's tensor. Touched
+        // from the last tensor to the first, so that under LRU a prefix's early tensors are
+        // the most recent.
         for i in (skip..k).rev() {
             let id = chain[i];
             let tick = self.next_tick();
+            let reader_server = &mut self.servers[reader as usize];
+            if reader_server.replicas.contains_key(&id) {
+                reader_server.replica_q.touch(id, tick);
+                continue;
+            }
             let t = &self.tensors[&id];
             let (owner, loc) = (t.owner, t.loc);
-            let server = &mut self.servers[reader as usize];
-            if server.replicas.contains_key(&id) {
-                server.replica_q.touch(id, tick);
-            }
             let owner_server = &mut self.servers[owner as usize];
             match loc {
                 Location::Host => owner_server.host_q.touch(id, tick),
@@ -379,11 +463,12 @@ impl Directory {
             };
             self.region_tail.insert(region, id);
             if let Some(p) = parent {
-                self.tensors
-                    .get_mut(&p)
-                    .expect("parent exists")
-                    .children
-                    .push(id);
+                let pt = self.tensors.get_mut(&p).expect("parent exists");
+                pt.children.push(id);
+                if pt.owner == owner {
+                    // A child of the same node, in its host memory (wherever the parent is).
+                    pt.host_kids += 1;
+                }
             }
             self.tensors.insert(
                 id,
@@ -394,6 +479,8 @@ impl Directory {
                     loc: Location::Host,
                     region,
                     children: Vec::new(),
+                    host_kids: 0,
+                    ssd_kids: 0,
                     replicas: Vec::new(),
                 },
             );

@@ -97,11 +97,16 @@ fn a_lookup_plans_one_group_per_source_and_counts_segments() {
     assert_eq!(plan.groups[0].segments, 2);
 }
 
+fn events(d: &mut Directory) -> Vec<StoreEvent> {
+    d.events.replace(Vec::new()).unwrap_or_default()
+}
+
 #[test]
-fn replicas_go_before_owned_tensors_and_owned_ones_are_demoted_then_dropped() {
-    // Node 0: room for 4 tensors in host memory (2 of them replicas), 2 on SSD.
+fn owned_tensors_and_replicas_each_stay_within_their_share_of_host_memory() {
+    // Per node: 4 tensors of host memory, 2 of them the replica cache; 2 on SSD.
     let mut d = Directory::new(params(2, 4, 2, 2));
     d.events = Some(Vec::new());
+    assert_eq!(d.owned_capacity(), 200);
     d.insert(&chain(&[1, 2]), 1);
     // Node 0 reads node 1's prefix twice: the second read asks for replication.
     assert!(d.lookup(&chain(&[1, 2]), 0, 0).replicate.is_empty());
@@ -109,40 +114,195 @@ fn replicas_go_before_owned_tensors_and_owned_ones_are_demoted_then_dropped() {
     assert_eq!(plan.replicate.len(), 2);
     assert_eq!(d.add_replicas(0, &plan.replicate), 2);
     assert_eq!(d.usage(0), (0, 200, 0));
-    // Two owned tensors fit next to the replicas; the third evicts a replica first.
+    // Owned tensors fill the owned cache only; the third of a prompt would need the prefix
+    // it extends to go, which an insert never does: it stops, counted as refused. The
+    // replicas are untouched.
     d.insert(&chain(&[7, 8, 9]), 0);
-    assert_eq!(d.usage(0), (300, 100, 0));
-    // Four more: the last replica goes, then there is no room left that does not belong to
-    // the prefix being extended, which an insert never evicts: it stops, counted as refused.
-    d.insert(&chain(&[7, 8, 9, 10, 11, 12, 13]), 0);
-    assert_eq!(d.usage(0), (400, 0, 0));
-    assert_eq!(d.stored_prefix(&chain(&[7, 8, 9, 10, 11, 12, 13])), 4);
+    assert_eq!(d.usage(0), (200, 200, 0));
     assert_eq!(d.stats.refused, 1);
-    // Another prompt on node 0 now demotes that chain's tensors to SSD (its leaf 10 first,
-    // then the least recently used ones), and when SSD is full a leaf there (10) is dropped:
-    // the stored prefix is cut to 7, 8 (on SSD) and 9.
-    d.insert(&chain(&[20, 21, 22]), 0);
-    assert_eq!(d.stored_prefix(&chain(&[20, 21, 22])), 3);
-    assert_eq!(d.usage(0), (400, 0, 200));
-    assert_eq!(d.stored_prefix(&chain(&[7, 8, 9, 10, 11, 12, 13])), 3);
-    let events = d.events.take().unwrap();
-    let first_demotion = events
-        .iter()
-        .position(|e| matches!(e, StoreEvent::Demoted { .. }))
-        .unwrap();
-    let last_replica_eviction = events
-        .iter()
-        .rposition(|e| matches!(e, StoreEvent::ReplicaEvicted { .. }))
-        .unwrap();
-    assert!(last_replica_eviction < first_demotion);
+    // Another prompt demotes the leaf 8, then 7 (a leaf of host memory once its child is on
+    // SSD); the next one demotes 21 and, SSD being full, drops SSD's leaf 8.
+    d.insert(&chain(&[20, 21]), 0);
+    assert_eq!(d.usage(0), (200, 200, 200));
+    d.insert(&chain(&[30]), 0);
+    assert_eq!(d.usage(0), (200, 200, 200));
+    assert_eq!(d.stored_prefix(&chain(&[7, 8])), 1);
+    assert_eq!(d.location(chain(&[7])[0]), Some((0, Location::Ssd)));
+    assert_eq!(d.replicas_on(0).len(), 2);
+    let evs = events(&mut d);
+    assert!(evs.iter().any(|e| matches!(e, StoreEvent::Dropped { .. })));
     assert!(
-        events
-            .iter()
-            .any(|e| matches!(e, StoreEvent::Dropped { .. }))
+        !evs.iter()
+            .any(|e| matches!(e, StoreEvent::ReplicaEvicted { .. })),
+        "owned tensors never push replicas out"
     );
+    // Node 1's replica cache is empty, yet its owned tensors do not use it.
+    d.insert(&chain(&[5]), 1);
+    assert_eq!(d.usage(1), (200, 0, 100));
+    d.check().unwrap();
+    // And replicas never use the owned share, even an empty one: asked for 3 of node 0's
+    // tensors, node 1's replica cache takes 2.
+    let mut e = Directory::new(params(2, 4, 2, 2));
+    e.insert(&chain(&[1, 2]), 0);
+    e.insert(&chain(&[3]), 0);
+    let ids = e.ids();
+    assert_eq!(ids.len(), 3);
+    assert_eq!(e.add_replicas(1, &ids), 2);
+    assert_eq!(e.usage(1), (0, 200, 0));
+    e.check().unwrap();
+}
+
+#[test]
+fn replicas_are_kept_and_added_while_owned_tensors_are_demoted() {
+    // Per node: 3 owned tensors in host memory, a replica cache of 3, SSD for 100.
+    let mut d = Directory::new(params(2, 6, 3, 100));
+    d.events = Some(Vec::new());
+    d.insert(&chain(&[1, 2, 3]), 1);
+    d.insert(&chain(&[40, 41, 42]), 0);
+    events(&mut d);
+    // Node 0 keeps writing new prompts (its owned cache is full: each one demotes) and reads
+    // node 1's prefix between them.
+    for k in 0..6u32 {
+        d.insert(&chain(&[50 + k, 60 + k]), 0);
+        let plan = d.lookup(&chain(&[1, 2, 3]), 0, 0);
+        if !plan.replicate.is_empty() {
+            d.add_replicas(0, &plan.replicate);
+        }
+        d.check().unwrap();
+    }
+    let evs = events(&mut d);
+    let demoted = evs
+        .iter()
+        .filter(|e| matches!(e, StoreEvent::Demoted { node: 0, .. }))
+        .count();
+    let replicated = evs
+        .iter()
+        .filter(|e| matches!(e, StoreEvent::Replicated { node: 0, .. }))
+        .count();
+    assert_eq!(demoted, 12);
+    assert_eq!(
+        replicated, 3,
+        "replication goes on under owned-memory pressure"
+    );
+    assert!(
+        !evs.iter()
+            .any(|e| matches!(e, StoreEvent::ReplicaEvicted { .. }))
+    );
+    assert_eq!(d.usage(0), (300, 300, 1200));
+    // Later reads of the replicated prefix are served from node 0's replica cache.
+    let plan = d.lookup(&chain(&[1, 2, 3]), 0, 0);
+    assert_eq!(plan.groups.len(), 1);
+    assert_eq!(plan.groups[0].tier, Tier::LocalHost);
+}
+
+#[test]
+fn a_child_demoted_to_ssd_leaves_its_parent_a_leaf_of_host_memory() {
+    // One node: 3 tensors in host memory, 4 on SSD; LRU.
+    let mut d = Directory::new(params(1, 3, 0, 4));
+    let abc = chain(&[1, 2, 3]);
+    d.insert(&abc, 0);
+    // 3 is the only leaf: it goes to SSD.
+    d.insert(&chain(&[5]), 0);
+    assert_eq!(d.location(abc[2]), Some((0, Location::Ssd)));
+    // Now 2 is a leaf of host memory (its child is on SSD) and older than 5: it goes next,
+    // although it still has a child.
+    d.insert(&chain(&[6]), 0);
+    assert_eq!(d.location(abc[1]), Some((0, Location::Ssd)));
+    assert_eq!(d.location(chain(&[5])[0]), Some((0, Location::Host)));
     d.check().unwrap();
 }
 
+#[test]
+fn a_child_owned_by_another_node_does_not_pin_its_parent_in_host_memory() {
+    // Two nodes, 2 owned tensors each in host memory, 2 on SSD.
+    let mut d = Directory::new(params(2, 2, 0, 2));
+    d.insert(&chain(&[1, 2]), 0);
+    d.insert(&chain(&[1, 2, 3]), 1);
+    // Node 0 makes room: 2 is a leaf there (its child 3 is node 1's) and goes to SSD.
+    d.insert(&chain(&[9]), 0);
+    assert_eq!(d.location(chain(&[1, 2])[1]), Some((0, Location::Ssd)));
+    assert_eq!(d.stored_prefix(&chain(&[1, 2, 3])), 3);
+    d.check().unwrap();
+}
+
+#[test]
+fn a_replica_with_a_replica_child_on_its_node_is_not_evicted_first() {
+    // Node 1 has a replica cache of 2 tensors; LRU.
+    let mut d = Directory::new(params(2, 10, 2, 0));
+    d.events = Some(Vec::new());
+    let ab = chain(&[1, 2]);
+    let c = chain(&[7]);
+    d.insert(&ab, 0);
+    d.insert(&c, 0);
+    assert_eq!(d.add_replicas(1, &ab), 2);
+    // Reading only 2 (1 is in the reader's GPU cache) makes 1 the least recently used
+    // replica; yet 2, the leaf, goes to make room for another replica.
+    d.lookup(&ab, 1, 1);
+    events(&mut d);
+    assert_eq!(d.add_replicas(1, &c), 1);
+    assert_eq!(
+        events(&mut d),
+        vec![
+            StoreEvent::ReplicaEvicted { node: 1, index: 1 },
+            StoreEvent::Replicated { node: 1, index: 0 },
+        ]
+    );
+    let mut held = vec![ab[0], c[0]];
+    held.sort_unstable();
+    assert_eq!(d.replicas_on(1), held);
+    d.check().unwrap();
+}
+
+#[test]
+fn a_read_counts_for_the_copy_that_serves_it() {
+    let mut d = Directory::new(params(2, 10, 5, 0));
+    let ab = chain(&[1, 2]);
+    d.insert(&ab, 0);
+    let owner_count = |d: &Directory, id| d.servers[0].host_q.freq(id);
+    let replica_count = |d: &Directory, id| d.servers[1].replica_q.freq(id);
+    assert_eq!(owner_count(&d, ab[0]), 1, "its write");
+    // Two remote reads count on the owner; then node 1 replicates.
+    d.lookup(&ab, 0, 1);
+    let plan = d.lookup(&ab, 0, 1);
+    assert_eq!(d.add_replicas(1, &plan.replicate), 2);
+    assert_eq!((owner_count(&d, ab[0]), replica_count(&d, ab[0])), (3, 1));
+    // A read served by node 1's replica counts there, not on the owner.
+    d.lookup(&ab, 0, 1);
+    assert_eq!((owner_count(&d, ab[0]), replica_count(&d, ab[0])), (3, 2));
+    // A tensor the reader skips (in its GPU cache) is not loaded, so not counted.
+    d.lookup(&ab, 1, 1);
+    assert_eq!(replica_count(&d, ab[0]), 2);
+    assert_eq!(replica_count(&d, ab[1]), 3);
+    // The owner's own reads count on the owner; inserting a prompt that extends the prefix
+    // counts nothing.
+    d.lookup(&ab, 0, 0);
+    d.insert(&chain(&[1, 2, 3]), 0);
+    assert_eq!(owner_count(&d, ab[0]), 4);
+    d.check().unwrap();
+}
+
+#[test]
+fn a_frequently_read_early_tensor_stays_in_host_memory_under_gdsf_and_not_under_lru() {
+    let run = |eviction| {
+        // One node: 3 tensors in host memory, SSD for 10.
+        let mut p = params(1, 3, 0, 10);
+        p.eviction = eviction;
+        let mut d = Directory::new(p);
+        let a = chain(&[1]);
+        d.insert(&a, 0);
+        for _ in 0..5 {
+            d.lookup(&a, 0, 0);
+        }
+        // Three prompts stored after the reads: each past the second makes room.
+        for s in [2, 3, 4, 5] {
+            d.insert(&chain(&[s]), 0);
+        }
+        d.check().unwrap();
+        d.location(a[0]).unwrap().1
+    };
+    assert_eq!(run(Eviction::Gdsf), Location::Host);
+    assert_eq!(run(Eviction::Lru), Location::Ssd);
+}
 #[test]
 fn an_insert_never_demotes_or_drops_the_prefix_it_extends() {
     // Node 0: room for 2 tensors in host memory and 2 on SSD. A prompt of 4 chunks.
@@ -167,7 +327,8 @@ fn an_insert_never_demotes_or_drops_the_prefix_it_extends() {
 
 #[test]
 fn dropping_a_tensor_drops_its_descendants_on_every_node() {
-    let mut d = Directory::new(params(2, 3, 2, 0));
+    // Per node: 3 owned tensors in host memory, a replica cache of 2, no SSD.
+    let mut d = Directory::new(params(2, 5, 2, 0));
     d.insert(&chain(&[1, 2, 3]), 0);
     d.insert(&chain(&[1, 2, 3, 4]), 1);
     // Node 1 reads node 0's part twice and replicates what fits beside its own tensor.
@@ -176,9 +337,8 @@ fn dropping_a_tensor_drops_its_descendants_on_every_node() {
     assert_eq!(plan.replicate.len(), 3);
     assert_eq!(d.add_replicas(1, &plan.replicate), 2);
     assert_eq!(d.usage(1), (100, 200, 0));
-    // Node 0 is full and none of its tensors is a leaf (tensor 4 on node 1 extends them):
-    // a new prompt there drops its least recently used tensor (3: lookups touch a prefix
-    // from its end) and, with it, tensor 4 on node 1. There is no SSD to demote to.
+    // Node 0 is full; its only leaf in host memory is 3 (its child 4 is node 1's): a new
+    // prompt there drops it (there is no SSD to demote to) and, with it, tensor 4 on node 1.
     d.insert(&chain(&[9]), 0);
     assert_eq!(d.stored_prefix(&chain(&[1, 2, 3, 4])), 2);
     assert_eq!(d.usage(1), (0, 200, 0));
