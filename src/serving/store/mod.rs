@@ -12,19 +12,24 @@
 //!    metadata service (one request; payload 8 bytes per id), skipping the tensors its own GPU
 //!    cache already holds. The service answers after `metadata_service_us` (requests queue
 //!    FIFO) with the load plan: per source (node and tier) the tensors, bytes and segments.
-//! 2. The instance loads every group at once: from host memory it posts one bulk read (RDMA
-//!    from another node, a copy over PCIe from its own), paying the per-request and
-//!    per-segment overhead; from SSD it asks that node's server, which reads the SSD and sends
-//!    the bytes. The request queues for admission when all groups have arrived; its loaded
-//!    tokens are not recomputed (TTFT = lookup + loads + queueing + prefill of the rest).
+//! 2. The request joins the instance's queue with its plan not started. When the scheduler
+//!    admits it, GPU blocks are allocated for every token it will hold after the loads (the
+//!    reservation: loads need blocks to land in, as vLLM allocates blocks for external KV
+//!    before its KV connector loads into them), and every group starts at once: from host
+//!    memory the instance posts one bulk read (RDMA from another node, a copy over PCIe from
+//!    its own), paying the per-request and per-segment overhead; from SSD it asks that node's
+//!    server, which reads the SSD and sends the bytes. How loads overlap compute is
+//!    `load_overlap` ([`LoadOverlap`]): `none` parks the request (holding its blocks,
+//!    computing nothing) until all groups have arrived, `layerwise` lets it compute at once,
+//!    each layer waiting for its own KV (see [`crate::serving::instance`]). Loaded tokens are
+//!    not recomputed (under `none`, TTFT = lookup + queueing + loads + prefill of the rest).
 //! 3. After its prefill, the instance writes the tensors beyond the stored prefix to its own
 //!    node's server (GPU to host over PCIe); the server registers them with the metadata
 //!    service, which evicts, demotes (the server then writes to SSD) or drops as needed.
 //! 4. PTStore only: when the plan says a remote prefix is now hot, the instance copies what it
 //!    loaded remotely into its own node's replica cache (GPU to host over PCIe).
 //!
-//! Not modelled: KV memory is not reserved while a load is in flight (the request takes its
-//! blocks at admission); metadata updates are instantaneous at the service; SSD reads do not
+//! Not modelled: metadata updates are instantaneous at the service; SSD reads do not
 //! promote tensors back to host memory. The model is not split into layer ranges here (one
 //! instance holds all layers), so a tensor covers every layer of its chunk.
 
@@ -49,8 +54,22 @@ pub struct StoreConfig {
     pub fetch_segment_overhead: Nanos,
     /// Whether store policies also keep the GPU-local prefix cache.
     pub gpu_prefix_cache: bool,
+    pub load_overlap: LoadOverlap,
     pub evostore: EvoStoreConfig,
     pub ptstore: PtStoreConfig,
+}
+
+/// How a request's store loads overlap its compute (`store.load_overlap`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LoadOverlap {
+    /// The request computes nothing until every load has arrived (vLLM's
+    /// `WAITING_FOR_REMOTE_KVS`): its prefill starts after the loads.
+    #[default]
+    None,
+    /// Layer by layer (LMCache's and Mooncake's layer-wise loading): layer i's KV arrives
+    /// while earlier layers compute, so an iteration waits only for what it has not yet got.
+    Layerwise,
 }
 
 #[derive(Clone, Debug, PartialEq)]
