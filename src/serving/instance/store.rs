@@ -1,5 +1,6 @@
 //! The store path of an instance (see the module doc of [`super`]): lookup replies, the
-//! loads started at admission, and loads abandoned when a store loses its tensors.
+//! loads started at admission, the end of an iteration that waits for layer-wise loads, and
+//! loads abandoned when a store loses its tensors.
 
 use super::*;
 
@@ -71,6 +72,43 @@ impl Instance {
                     64,
                 ),
             }
+        }
+    }
+
+    /// The iteration's compute ended at `compute_end`: finish it, or wait for the layer-wise
+    /// loads of its members (see the module doc).
+    pub(super) fn compute_done(&mut self, compute_end: Nanos, ctx: &mut dyn Context<Msg>) {
+        let Some(t0) = self.busy_since else {
+            return;
+        };
+        let members = || self.running.iter().filter(|s| s.scheduled > 0);
+        if members().any(|s| s.load.as_ref().is_some_and(Load::in_flight)) {
+            self.phase = Phase::Loads(compute_end);
+            return;
+        }
+        // The compute as it ran (a slowed GPU stretches it), spread evenly over the layers.
+        let d = (compute_end - t0).0;
+        let layers = self.store.as_ref().map_or(1, |st| st.layers.max(1)) as u64;
+        let mut end = compute_end;
+        for seq in members() {
+            if let Some(Load {
+                started: Some(s),
+                arrived: Some(a),
+                ..
+            }) = seq.load
+            {
+                let t = (a - s).0;
+                end = end
+                    .max(s + Nanos(t / layers + d))
+                    .max(a + Nanos(d / layers));
+            }
+        }
+        let now = ctx.now();
+        if end > now {
+            self.phase = Phase::Tail;
+            ctx.start(Work::Compute(end - now), Msg::WorkDone);
+        } else {
+            self.finish_iteration(ctx);
         }
     }
 
