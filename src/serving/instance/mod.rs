@@ -8,8 +8,8 @@
 //! new KV block and none is free, the most recently admitted running sequence is *preempted*:
 //! its blocks are released and it goes back to the head of the queue, to be recomputed later
 //! (vLLM's recompute preemption). If nobody was preempted, waiting requests are admitted in
-//! arrival order while fewer than `max_num_seqs` run, budget is left, and their first chunk's
-//! blocks are free. A request whose prompt and output could never fit in the whole KV memory,
+//! arrival order while fewer than `max_num_seqs` run (or are parked, see below), budget is
+//! left, and their first chunk's blocks are free. A request whose prompt and output could never fit in the whole KV memory,
 //! or that finds `max_waiting` requests already queued, is rejected.
 //!
 //! **Prefix reuse.** If the policy looks in GPU memory, an admitted request first takes the
@@ -46,13 +46,14 @@
 //!   the running batch at once. Layer i of its KV arrives while layers before i compute. With
 //!   the model's `L` layers, a load that starts at `s` and whose last byte arrives at `a`
 //!   (`T = a - s`) delivers layer i at `s + (i+1)T/L` (uniform); the iteration that started at
-//!   `t0` and whose compute takes `D` computes layer i in `D/L` once layer i-1 is done and
-//!   layer i has arrived, so it ends at `max(t0 + D, s + T/L + D, a + D/L)` (the maximum over
-//!   layers of a linear function is at the first or the last layer), taken over every member
-//!   whose load started in it. Event-driven: when the compute work ends, the instance waits
-//!   for members' loads still in flight, then runs `Work::Compute` for the time left, and only
-//!   then applies the iteration's results; the GPU is held (busy) all that time. A load
-//!   always starts in its request's first iteration, so the next iteration never waits.
+//!   `t0` and whose compute takes `D` (as it ran: a slowed GPU stretches it) computes layer i
+//!   in `D/L` once layer i-1 is done and layer i has arrived, so it ends at
+//!   `max(t0 + D, s + T/L + D, a + D/L)` (the maximum over layers of a linear function is at
+//!   the first or the last layer), taken over every member whose load started in it.
+//!   Event-driven: when the compute work ends, the instance waits for members' loads still in
+//!   flight, then runs `Work::Compute` for the time left, and only then applies the
+//!   iteration's results; the GPU is held (busy) all that time. A load always starts in its
+//!   request's first iteration, so the next iteration never waits.
 //!
 //! No deadlock: a parked request waits only for its loads, which always end (or are abandoned
 //! on a store loss, which releases its blocks); once loaded it runs, and a running sequence's

@@ -273,6 +273,17 @@ fn store_instance(
     budget: u32,
     s: &Script,
 ) -> Instance {
+    store_instance_with(trace, overlap, blocks, budget, false, s)
+}
+
+fn store_instance_with(
+    trace: Arc<Trace>,
+    overlap: LoadOverlap,
+    blocks: u32,
+    budget: u32,
+    gpu_prefix_cache: bool,
+    s: &Script,
+) -> Instance {
     use crate::serving::policy::PolicyKind;
     use crate::serving::store::eviction::Eviction;
     use crate::serving::store::{EvoStoreConfig, PtStoreConfig, StoreConfig};
@@ -283,7 +294,7 @@ fn store_instance(
         metadata_service: Nanos::ZERO,
         fetch_request_overhead: Nanos::ZERO,
         fetch_segment_overhead: Nanos::ZERO,
-        gpu_prefix_cache: false,
+        gpu_prefix_cache,
         load_overlap: overlap,
         evostore: EvoStoreConfig {
             eviction: Eviction::Lru,
@@ -508,4 +519,48 @@ fn a_store_loss_preempts_a_layerwise_request_and_frees_the_iteration_waiting_for
     assert_eq!(s.done[0].reused, [0; Tier::ALL.len()]);
     assert_eq!(s.writes, 1, "its prompt is stored again");
     assert!(i.stale_loads.is_empty());
+}
+
+#[test]
+fn parked_and_running_sequences_together_are_at_most_max_num_seqs() {
+    let mut s = script();
+    let mut i = store_instance(trace(&[272; 10], 2), LoadOverlap::None, 1_000, 1024, &s);
+    for r in 0..10 {
+        submit_with(&mut i, &mut s, r, remote_plan(8, 50_000));
+    }
+    assert_eq!((i.parked.len(), i.waiting.len()), (8, 2));
+    assert_eq!(s.fetch_at.len(), 8);
+    run(&mut i, &mut s);
+    assert_eq!(s.done.len(), 10);
+}
+
+#[test]
+fn a_plan_the_gpu_cache_covers_by_admission_time_is_not_loaded() {
+    // Two requests with one 272-token prompt: the second's lookup finds the store's copy,
+    // but by its admission the first has computed the prompt into the GPU cache.
+    let t = {
+        let mut arena = TokenArena::default();
+        let seg = arena.push(0..272);
+        let r = Request {
+            arrival: Nanos::ZERO,
+            segments: vec![seg],
+            prompt_tokens: 272,
+            output_tokens: 2,
+            context: 0,
+        };
+        Arc::new(Trace {
+            arena,
+            requests: vec![r.clone(), r],
+            contexts: 1,
+        })
+    };
+    let mut s = script();
+    let mut i = store_instance_with(t, LoadOverlap::None, 100, 1024, true, &s);
+    submit_with(&mut i, &mut s, 0, Box::default());
+    submit_with(&mut i, &mut s, 1, remote_plan(8, 50_000));
+    run(&mut i, &mut s);
+    assert!(s.fetch_at.is_empty());
+    assert_eq!(s.done[1].reused[Tier::Gpu as usize], 256);
+    assert_eq!(s.done[1].reused.iter().sum::<u32>(), 256);
+    assert_eq!(s.done[1].loaded_bytes, [0; Tier::ALL.len()]);
 }
