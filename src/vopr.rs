@@ -6,9 +6,10 @@
 //! parallel 1 or 2), the `tiny` model on GPUs with room for a few hundred KV blocks (so that
 //! batches preempt), store servers with room for a handful of tensors in host memory and SSD
 //! (so that the store evicts, demotes and drops), random routing, eviction and replication
-//! rules, and a generated SQuAD- or WikiQA-style workload of 10 to 120 requests. Every
-//! scenario is a valid scenario file: `meshsim vopr --seed S --print` writes it, and
-//! `meshsim run` runs it like any other.
+//! rules, store loads that overlap compute layer by layer or not (`load_overlap`), and a
+//! generated SQuAD- or WikiQA-style workload of 10 to 120 requests. Every scenario is a valid
+//! scenario file: `meshsim vopr --seed S --print` writes it, and `meshsim run` runs it like
+//! any other.
 //!
 //! A seed fails when a simulation returns an error (a broken limit or invariant, with the
 //! simulated time at which it broke), when a request ends neither finished nor rejected, or
@@ -134,6 +135,8 @@ pub fn scenario_text(seed: u64) -> String {
     // Faults within the trace's span.
     let span_ms = (1000 * requests / rate).max(1);
     let faults = faults_text(&mut pick, nodes, gpus, span_ms);
+    // Drawn last, so that the choices above stay those of earlier versions of the VOPR.
+    let overlap = ["none", "layerwise"][pick(2) as usize];
     let mut t = String::new();
     let _ = write!(
         t,
@@ -191,6 +194,7 @@ metadata_service_us = 5.0
 fetch_request_overhead_us = 10.0
 fetch_segment_overhead_us = 2.0
 gpu_prefix_cache = {gpu_cache}
+load_overlap = "{overlap}"
 
 [store.evostore]
 eviction = "{evo}"

@@ -217,3 +217,20 @@ fn absurd_latencies_and_block_counts_are_rejected_not_overflowed() {
     );
     assert_rejected(&text, "model.preset", "does not fit");
 }
+
+#[test]
+fn an_unknown_load_overlap_is_rejected_with_the_modes_it_takes() {
+    let text = format!("{}\n[store]\nload_overlap = \"sideways\"\n", small_text());
+    assert_rejected(
+        &text,
+        "store.load_overlap",
+        "unknown variant `sideways`, expected `none` or `layerwise`",
+    );
+}
+
+#[test]
+fn a_layerwise_load_overlap_is_accepted() {
+    let text = format!("{}\n[store]\nload_overlap = \"layerwise\"\n", small_text());
+    let o = meshsim("check", &text);
+    assert_eq!(o.status, 0, "{}", o.stderr);
+}

@@ -2,7 +2,7 @@
 //!
 //! Per request (times measured at the router, i.e. as the client sees them):
 //!
-//! * `queue   = admitted - arrival` (first admission into a running batch)
+//! * `queue   = admitted - arrival` (first admission: blocks allocated, store loads started)
 //! * `ttft    = first_token - arrival`
 //! * `tpot    = (end - first_token) / (output_tokens - 1)`, undefined for one-token outputs
 //! * `e2e     = end - arrival`

@@ -146,6 +146,8 @@ pub fn simulate_checked(
             node: place.node().expect("instances run on nodes"),
             tensor_tokens: s.store.tensor_tokens,
             tensor_bytes: s.store.tensor_tokens as u64 * s.model.kv_bytes_per_token(),
+            overlap: s.store.load_overlap,
+            layers: s.model.layers as u32,
         });
         host.add(
             Box::new(Instance::new(

@@ -4,15 +4,18 @@ use super::*;
 
 impl Instance {
     /// Checks the instance's invariants: a consistent block pool, sequence counts within
-    /// their limits, no waiting sequence holding blocks, and every block in use held by a
-    /// running sequence.
+    /// their limits, no waiting sequence holding blocks or loading, every parked sequence
+    /// loading, loads in flight only in parked sequences or in members of the iteration in
+    /// flight, and every block in use held by a running or parked sequence.
     pub(super) fn invariants(&self) -> Result<(), String> {
         let me = |e: String| format!("instance {}: {e}", self.index);
         self.pool.check().map_err(me)?;
-        if self.running.len() > self.cfg.max_num_seqs as usize {
+        let admitted = self.running.len() + self.parked.len();
+        if admitted > self.cfg.max_num_seqs as usize {
             return Err(me(format!(
-                "{} sequences running, at most {}",
+                "{} sequences running and {} parked, at most {} in all",
                 self.running.len(),
+                self.parked.len(),
                 self.cfg.max_num_seqs
             )));
         }
@@ -29,15 +32,48 @@ impl Instance {
                 s.blocks.len()
             )));
         }
+        let started = |s: &Seq| s.load.as_ref().is_some_and(|l| l.started.is_some());
+        let in_flight = |s: &Seq| s.load.as_ref().is_some_and(Load::in_flight);
+        if let Some(s) = self
+            .waiting
+            .iter()
+            .chain(self.loading.values())
+            .find(|s| started(s))
+        {
+            return Err(me(format!("request {} loads while queued", s.req.0)));
+        }
+        if let Some(s) = self.parked.iter().find(|s| !in_flight(s)) {
+            return Err(me(format!("request {} is parked but not loading", s.req.0)));
+        }
+        let busy = self.busy_since.is_some();
+        if let Some(s) = self
+            .running
+            .iter()
+            .find(|s| in_flight(s) && !(busy && s.scheduled > 0))
+        {
+            return Err(me(format!(
+                "request {} runs with a load in flight outside the iteration in flight",
+                s.req.0
+            )));
+        }
+        if busy
+            && matches!(self.phase, Phase::Loads(_))
+            && !self.running.iter().any(|s| in_flight(s) && s.scheduled > 0)
+        {
+            return Err(me(
+                "the iteration waits for loads that are not in flight".into()
+            ));
+        }
         let held: std::collections::BTreeSet<BlockId> = self
             .running
             .iter()
+            .chain(&self.parked)
             .flat_map(|s| s.blocks.iter().copied())
             .collect();
         let in_use = self.pool.num_blocks() - self.pool.free_blocks();
         if held.len() != in_use as usize {
             return Err(me(format!(
-                "running sequences hold {} distinct blocks, the pool has {in_use} in use",
+                "running and parked sequences hold {} distinct blocks, the pool has {in_use} in use",
                 held.len()
             )));
         }

@@ -8,8 +8,8 @@
 //! new KV block and none is free, the most recently admitted running sequence is *preempted*:
 //! its blocks are released and it goes back to the head of the queue, to be recomputed later
 //! (vLLM's recompute preemption). If nobody was preempted, waiting requests are admitted in
-//! arrival order while fewer than `max_num_seqs` run, budget is left, and their first chunk's
-//! blocks are free. A request whose prompt and output could never fit in the whole KV memory,
+//! arrival order while fewer than `max_num_seqs` run (or are parked, see below), budget is
+//! left, and their first chunk's blocks are free. A request whose prompt and output could never fit in the whole KV memory,
 //! or that finds `max_waiting` requests already queued, is rejected.
 //!
 //! **Prefix reuse.** If the policy looks in GPU memory, an admitted request first takes the
@@ -24,12 +24,54 @@
 //! the model does not know the ids of generated tokens.
 //!
 //! **Store policies.** If the policy uses the distributed prefix store, a request first asks
-//! the metadata service for its stored prefix (beyond what the GPU cache holds) and loads it
-//! (see [`crate::serving::store`]); it joins the queue when the loads have arrived, and the loaded
-//! tokens count as computed at admission. After its prefill, the prompt's full tensors beyond
-//! the stored prefix are written to the node's store server. Reused tokens are attributed to
-//! the tier they came from; if the GPU cache changed between the lookup and the admission so
-//! that loaded tokens end up recomputed (rare), they are taken off the slowest tiers first.
+//! the metadata service for its stored prefix (beyond what the GPU cache holds); the answer is
+//! a load plan (see [`crate::serving::store`]). The request then joins the back of the queue
+//! with its plan *not started*, like any other. Loads start only when the scheduler admits it
+//! and allocates GPU blocks for the tokens it will load (the *reservation*), as vLLM's V1
+//! scheduler allocates blocks for external KV before its KV connector loads into them: loads
+//! need blocks to land in, and a request whose blocks are not free waits in the queue. If the
+//! GPU cache now covers the plan (or lost the prefix the plan extends), the plan is dropped
+//! and nothing is loaded. The loaded tokens count as computed. How loads overlap compute is
+//! the scenario's `store.load_overlap`:
+//!
+//! * `none` (vLLM's `WAITING_FOR_REMOTE_KVS`): the request is admitted with blocks for its
+//!   GPU hits and loaded tokens, starts its loads and is *parked*: it holds its blocks but is
+//!   not in the running batch (it computes nothing and is never chosen for preemption). When
+//!   its last group arrives it joins the running batch (at the back, as the most recently
+//!   admitted), and the rest of its prompt is prefilled, in chunks, from the next iteration
+//!   on. Parked and running sequences together are at most `max_num_seqs`. TTFT = lookup +
+//!   queueing + loads + prefill of the rest.
+//! * `layerwise` (LMCache's and Mooncake's layer-wise loading): the request is admitted with
+//!   blocks for its hits, its loaded tokens and its first chunk, starts its loads and joins
+//!   the running batch at once. Layer i of its KV arrives while layers before i compute. With
+//!   the model's `L` layers, a load that starts at `s` and whose last byte arrives at `a`
+//!   (`T = a - s`) delivers layer i at `s + (i+1)T/L` (uniform); the iteration that started at
+//!   `t0` and whose compute takes `D` (as it ran: a slowed GPU stretches it) computes layer i
+//!   in `D/L` once layer i-1 is done and layer i has arrived, so it ends at
+//!   `max(t0 + D, s + T/L + D, a + D/L)` (the maximum over layers of a linear function is at
+//!   the first or the last layer), taken over every member whose load started in it.
+//!   Event-driven: when the compute work ends, the instance waits for members' loads still in
+//!   flight, then runs `Work::Compute` for the time left, and only then applies the
+//!   iteration's results; the GPU is held (busy) all that time. A load always starts in its
+//!   request's first iteration, so the next iteration never waits.
+//!
+//! No deadlock: a parked request waits only for its loads, which always end (or are abandoned
+//! on a store loss, which releases its blocks); once loaded it runs, and a running sequence's
+//! blocks are taken back by preemption whenever a sequence ahead of it needs a block. So the
+//! head of the queue waits at most for loads in flight and for running sequences, never for a
+//! request that holds blocks and will not run. A sequence preempted after its load recomputes
+//! the loaded tokens that the GPU cache no longer holds.
+//!
+//! After its prefill, the prompt's full tensors beyond the stored prefix are written to the
+//! node's store server. Reused tokens are attributed to the tier they came from; if the GPU
+//! cache changed between the lookup and the admission so that loaded tokens end up
+//! recomputed (rare), they are taken off the slowest tiers first.
+//!
+//! **Store losses.** When a store loses its tensors (node down, store restart), plans not
+//! started that name it are dropped; parked requests loading from it release their blocks and
+//! go back to the head of the queue; running (layer-wise) members whose load from it is still
+//! in flight are preempted. Either way their loaded tokens are recomputed and no longer count
+//! as reused, and the groups still in flight are ignored when they arrive.
 //!
 //! **Memory.** `num_blocks = floor((tp x GPU memory - weights - tp x reserve) / (block_size x
 //! KV bytes per token))`, computed by the scenario when it is validated.
@@ -46,7 +88,8 @@ use crate::metrics::Tier;
 use crate::metrics::{InstanceStats, Report};
 use crate::model::cost::BatchShape;
 use crate::serving::policy::Policy;
-use crate::serving::store::directory::{LoadPlan, Location};
+use crate::serving::store::LoadOverlap;
+use crate::serving::store::directory::{LoadGroup, LoadPlan, Location};
 use crate::units::Nanos;
 use crate::workload::{ReqId, Trace};
 
@@ -69,6 +112,10 @@ pub struct StoreLink {
     pub node: u32,
     pub tensor_tokens: u32,
     pub tensor_bytes: u64,
+    /// How loads overlap compute (`store.load_overlap`).
+    pub overlap: LoadOverlap,
+    /// The model's layer count: a layer-wise load delivers `1/layers` of its bytes per layer.
+    pub layers: u32,
 }
 
 #[derive(Debug)]
@@ -105,15 +152,41 @@ struct Seq {
     replicate: Vec<u64>,
     /// Whether the prompt's tensors were written to the store.
     stored: bool,
+    /// Its store load, from the lookup reply until the load's results are applied.
+    load: Option<Load>,
 }
 
-/// A request waiting for its store lookup (`pending == None`) or loads.
+/// A store load: planned at the lookup reply, started at admission (see the module doc).
 #[derive(Debug)]
-struct Loading {
-    seq: Seq,
-    pending: Option<u32>,
-    /// The nodes its load groups come from.
-    sources: Vec<u32>,
+struct Load {
+    groups: Vec<LoadGroup>,
+    /// Groups in flight.
+    pending: u32,
+    /// When the groups started (`None`: not started yet), and when the last one arrived.
+    started: Option<Nanos>,
+    arrived: Option<Nanos>,
+}
+
+impl Load {
+    /// Whether a group comes from `node`.
+    fn from(&self, node: u32) -> bool {
+        self.groups.iter().any(|g| g.node == node)
+    }
+
+    fn in_flight(&self) -> bool {
+        self.started.is_some() && self.pending > 0
+    }
+}
+
+/// Where the iteration in flight stands: layer-wise loads can hold it past its compute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Its compute work is running.
+    Compute,
+    /// Its compute ended at the given time; a member's load has not arrived yet.
+    Loads(Nanos),
+    /// Layers that waited for their KV are computing (`Work::Compute` of the time left).
+    Tail,
 }
 
 impl Seq {
@@ -132,11 +205,16 @@ pub struct Instance {
     pool: BlockPool,
     waiting: VecDeque<Seq>,
     running: Vec<Seq>,
+    /// Admitted under `load_overlap = "none"`, holding blocks while their loads are in flight.
+    parked: Vec<Seq>,
     busy_since: Option<Nanos>,
+    /// Where the iteration in flight stands (meaningful while `busy_since` is set).
+    phase: Phase,
     stats: InstanceStats,
     look_in_gpu: bool,
     store: Option<StoreLink>,
-    loading: BTreeMap<ReqId, Loading>,
+    /// Requests waiting for their store lookup.
+    loading: BTreeMap<ReqId, Seq>,
     /// Prices (or runs) each iteration.
     backend: Box<dyn BatchBackend>,
     /// Broken invariants and unexpected messages (errors are values).
@@ -169,7 +247,9 @@ impl Instance {
             cfg,
             waiting: VecDeque::new(),
             running: Vec::new(),
+            parked: Vec::new(),
             busy_since: None,
+            phase: Phase::Compute,
             stats: InstanceStats::default(),
             look_in_gpu,
             store,
@@ -189,9 +269,9 @@ impl Instance {
         }
     }
 
-    /// Requests loading, queued or running.
+    /// Requests looking up, queued, parked or running.
     pub fn load(&self) -> usize {
-        self.loading.len() + self.waiting.len() + self.running.len()
+        self.loading.len() + self.waiting.len() + self.parked.len() + self.running.len()
     }
 
     fn blocks_for(&self, tokens: u32) -> u32 {
@@ -236,6 +316,7 @@ impl Instance {
             planned: [0; Tier::ALL.len()],
             replicate: Vec::new(),
             stored: false,
+            load: None,
         };
         if let Some(st) = &self.store {
             // A tensor's id is the hash of the last block of its chunk (hashes are chained).
@@ -258,14 +339,7 @@ impl Instance {
                 };
                 let bytes = 16 + 8 * lookup.chain.len() as u64;
                 ctx.send(st.metadata, Msg::Lookup(Box::new(lookup)), bytes);
-                self.loading.insert(
-                    req,
-                    Loading {
-                        seq,
-                        pending: None,
-                        sources: Vec::new(),
-                    },
-                );
+                self.loading.insert(req, seq);
                 return;
             }
         }
@@ -280,6 +354,7 @@ impl Instance {
     }
 
     fn preempt(&mut self, mut seq: Seq) {
+        self.abandon_load(&mut seq);
         self.pool.release(&seq.blocks);
         seq.blocks.clear();
         seq.computed = 0;
@@ -331,13 +406,14 @@ impl Instance {
             i += 1;
         }
         if !preempted {
-            self.admit(&mut budget, &mut shape, ctx.now());
+            self.admit(&mut budget, &mut shape, ctx);
         }
         if shape.is_empty() {
             return;
         }
         self.stats.iterations += 1;
         self.busy_since = Some(ctx.now());
+        self.phase = Phase::Compute;
         let duration = match self.backend.iteration(&shape) {
             Ok(d) => d,
             Err(e) => {
@@ -351,8 +427,13 @@ impl Instance {
         ctx.start(Work::Compute(duration), Msg::WorkDone);
     }
 
-    fn admit(&mut self, budget: &mut u32, shape: &mut BatchShape, now: Nanos) {
-        while *budget > 0 && self.running.len() < self.cfg.max_num_seqs as usize {
+    /// Admits waiting requests in arrival order while `max_num_seqs` allows, budget is left
+    /// and their blocks are free; starts the loads of those with a store plan.
+    fn admit(&mut self, budget: &mut u32, shape: &mut BatchShape, ctx: &mut dyn Context<Msg>) {
+        let overlap = self.store.as_ref().map(|st| st.overlap);
+        // Bounded: every pass admits one request or stops.
+        while *budget > 0 && self.running.len() + self.parked.len() < self.cfg.max_num_seqs as usize
+        {
             let Some(seq) = self.waiting.front() else {
                 break;
             };
@@ -366,13 +447,22 @@ impl Instance {
             };
             let gpu_tokens = hits * self.cfg.block_size;
             let aligned_max = reusable as u32 * self.cfg.block_size;
-            let store_usable = seq.load_end > gpu_tokens && gpu_tokens >= seq.load_start;
+            // The plan is usable if it extends the GPU hits: it starts within them and brings
+            // tokens beyond them.
+            let store_usable = seq.load.is_some()
+                && seq.load_end.min(aligned_max) > gpu_tokens
+                && gpu_tokens >= seq.load_start;
             let cached = if store_usable {
-                seq.load_end.min(aligned_max).max(gpu_tokens)
+                seq.load_end.min(aligned_max)
             } else {
                 gpu_tokens
             };
-            let n = (seq.known_tokens() - cached).min(*budget);
+            let park = store_usable && overlap == Some(LoadOverlap::None);
+            let n = if park {
+                0
+            } else {
+                (seq.known_tokens() - cached).min(*budget)
+            };
             let need = self.blocks_for(cached + n) - hits;
             if need > self.pool.free_blocks() - hits_free {
                 break;
@@ -383,7 +473,7 @@ impl Instance {
             let ok = self.pool.allocate(need, &mut seq.blocks);
             debug_assert!(ok);
             if seq.admitted_at.is_none() {
-                seq.admitted_at = Some(now);
+                seq.admitted_at = Some(ctx.now());
                 seq.reused = seq.planned;
                 seq.reused[Tier::Gpu as usize] = gpu_tokens;
                 let from_store = if store_usable { cached - gpu_tokens } else { 0 };
@@ -394,22 +484,48 @@ impl Instance {
                     excess -= take;
                 }
             }
+            if store_usable {
+                self.start_load(&mut seq, ctx);
+            } else if seq.load.is_some() {
+                // Nothing to load beyond the GPU hits: the plan is not started.
+                Self::without_load(&mut seq);
+            }
             seq.computed = cached;
             seq.registered = hits;
             seq.scheduled = n;
+            if park {
+                self.parked.push(seq);
+                continue;
+            }
             shape.add(n as u64, cached as u64, cached + n == seq.known_tokens());
             *budget -= n;
             self.running.push(seq);
         }
     }
 
-    /// Applies the results of the iteration that just ended.
+    /// Handles the end of a piece of compute work: the iteration's compute, or the layers
+    /// that waited for layer-wise loads.
     fn work_done(&mut self, ctx: &mut dyn Context<Msg>) {
+        match (self.busy_since, self.phase) {
+            (Some(_), Phase::Compute) => self.compute_done(ctx.now(), ctx),
+            (Some(_), Phase::Tail) => self.finish_iteration(ctx),
+            _ => {
+                let me = format!("instance {}", self.index);
+                unexpected(
+                    &mut self.violations,
+                    &me,
+                    &"a work-done notice with no work in flight",
+                );
+            }
+        }
+    }
+
+    /// Applies the results of the iteration that just ended.
+    pub(super) fn finish_iteration(&mut self, ctx: &mut dyn Context<Msg>) {
         let Some(started) = self.busy_since.take() else {
-            let me = format!("instance {}", self.index);
-            unexpected(&mut self.violations, &me, &"a work-done notice while idle");
             return;
         };
+        self.phase = Phase::Compute;
         self.stats.busy += ctx.now() - started;
         let keep = self.policy.keep_gpu_blocks();
         let block_size = self.cfg.block_size;
@@ -422,6 +538,8 @@ impl Instance {
             }
             seq.computed += seq.scheduled;
             seq.scheduled = 0;
+            // A layer-wise load has been applied with the iteration it started in.
+            seq.load = None;
             if keep {
                 let full = seq.computed.min(seq.prompt_len) / block_size;
                 let full = full.min(seq.hashes.len() as u32);

@@ -1,10 +1,12 @@
-//! The store path of an instance (see the module doc of [`super`]): lookup replies, loads,
-//! and loads abandoned when a store loses its tensors.
+//! The store path of an instance (see the module doc of [`super`]): lookup replies, the
+//! loads started at admission, the end of an iteration that waits for layer-wise loads, and
+//! loads abandoned when a store loses its tensors.
 
 use super::*;
 
 impl Instance {
-    /// The metadata service answered: start every load group at once.
+    /// The metadata service answered: the request joins the queue with its plan, which
+    /// starts when the request is admitted.
     pub(super) fn lookup_reply(
         &mut self,
         req: ReqId,
@@ -12,33 +14,44 @@ impl Instance {
         losses: u32,
         ctx: &mut dyn Context<Msg>,
     ) {
-        let (Some(st), Some(l)) = (self.store.as_ref(), self.loading.get_mut(&req)) else {
+        let (Some(st), Some(mut seq)) = (self.store.as_ref(), self.loading.remove(&req)) else {
             let me = format!("instance {}", self.index);
             let what = format!("a lookup reply for request {} that is not loading", req.0);
             unexpected(&mut self.violations, &me, &what);
             return;
         };
-        l.seq.stored_chunks = plan.stored_chunks;
+        seq.stored_chunks = plan.stored_chunks;
         // Planned before a store loss this instance knows of: the plan may name lost tensors.
         if losses < self.losses {
-            if let Some(Loading { seq, .. }) = self.loading.remove(&req) {
-                self.enqueue(Self::without_load(seq), ctx);
-            }
+            Self::without_load(&mut seq);
+            self.enqueue(seq, ctx);
             return;
         }
-        if plan.groups.is_empty() {
-            if let Some(l) = self.loading.remove(&req) {
-                self.enqueue(l.seq, ctx);
+        if !plan.groups.is_empty() {
+            seq.load_end = plan.stored_chunks * st.tensor_tokens;
+            seq.replicate = plan.replicate;
+            for g in &plan.groups {
+                seq.planned[g.tier as usize] += g.tensors * st.tensor_tokens;
+                seq.loaded_bytes[g.tier as usize] += g.bytes;
             }
-            return;
+            seq.load = Some(Load {
+                groups: plan.groups,
+                pending: 0,
+                started: None,
+                arrived: None,
+            });
         }
-        l.pending = Some(plan.groups.len() as u32);
-        l.sources = plan.groups.iter().map(|g| g.node).collect();
-        l.seq.load_end = plan.stored_chunks * st.tensor_tokens;
-        l.seq.replicate = plan.replicate;
-        for g in &plan.groups {
-            l.seq.planned[g.tier as usize] += g.tensors * st.tensor_tokens;
-            l.seq.loaded_bytes[g.tier as usize] += g.bytes;
+        self.enqueue(seq, ctx);
+    }
+
+    /// Starts every group of `seq`'s load at once (at its admission, its blocks allocated).
+    pub(super) fn start_load(&mut self, seq: &mut Seq, ctx: &mut dyn Context<Msg>) {
+        let Some(load) = seq.load.as_mut() else {
+            return;
+        };
+        load.pending = load.groups.len() as u32;
+        load.started = Some(ctx.now());
+        for g in &load.groups {
             let medium = match g.location {
                 Location::Host => Medium::Memory,
                 Location::Ssd => Medium::Ssd,
@@ -50,37 +63,80 @@ impl Instance {
                     bytes: g.bytes,
                     segments: g.segments,
                 },
-                Msg::Loaded(req),
+                Msg::Loaded(seq.req),
             );
         }
     }
 
-    /// One load group arrived; when all have, the request joins the queue.
+    /// The iteration's compute ended at `compute_end`: finish it, or wait for the layer-wise
+    /// loads of its members (see the module doc).
+    pub(super) fn compute_done(&mut self, compute_end: Nanos, ctx: &mut dyn Context<Msg>) {
+        let Some(t0) = self.busy_since else {
+            return;
+        };
+        let members = || self.running.iter().filter(|s| s.scheduled > 0);
+        if members().any(|s| s.load.as_ref().is_some_and(Load::in_flight)) {
+            self.phase = Phase::Loads(compute_end);
+            return;
+        }
+        // The compute as it ran (a slowed GPU stretches it), spread evenly over the layers.
+        let d = (compute_end - t0).0;
+        let layers = self.store.as_ref().map_or(1, |st| st.layers.max(1)) as u64;
+        let mut end = compute_end;
+        for seq in members() {
+            if let Some(Load {
+                started: Some(s),
+                arrived: Some(a),
+                ..
+            }) = seq.load
+            {
+                let t = (a - s).0;
+                end = end
+                    .max(s + Nanos(t / layers + d))
+                    .max(a + Nanos(d / layers));
+            }
+        }
+        let now = ctx.now();
+        if end > now {
+            self.phase = Phase::Tail;
+            ctx.start(Work::Compute(end - now), Msg::WorkDone);
+        } else {
+            self.finish_iteration(ctx);
+        }
+    }
+
+    /// One load group arrived. When all have: a parked request joins the running batch; a
+    /// layer-wise one lets its iteration finish if that iteration waits only for it.
     pub(super) fn loaded(&mut self, req: ReqId, ctx: &mut dyn Context<Msg>) {
-        if !self.loading.contains_key(&req)
-            && let Some(n) = self.stale_loads.get_mut(&req)
-        {
-            // A group of a load abandoned after a store loss.
+        if let Some(n) = self.stale_loads.get_mut(&req) {
+            // A group of a load abandoned after a store loss or a preemption (a request has
+            // at most one load, so no live load of `req` is in flight).
             *n -= 1;
             if *n == 0 {
                 self.stale_loads.remove(&req);
             }
             return;
         }
-        let pending = self.loading.get_mut(&req).and_then(|l| l.pending.as_mut());
-        let (Some(pending), Some(st)) = (pending, self.store.as_ref()) else {
+        let in_flight = |s: &Seq| s.req == req && s.load.as_ref().is_some_and(Load::in_flight);
+        let parked = self.parked.iter().position(in_flight);
+        let seq = match parked {
+            Some(i) => self.parked.get_mut(i),
+            None => self.running.iter_mut().find(|s| in_flight(s)),
+        };
+        let (Some(seq), Some(st)) = (seq, self.store.as_ref()) else {
             let me = format!("instance {}", self.index);
             let what = format!("a load for request {} that is not loading", req.0);
             unexpected(&mut self.violations, &me, &what);
             return;
         };
-        *pending = pending.saturating_sub(1);
-        if *pending > 0 {
-            return;
-        }
-        let Some(Loading { mut seq, .. }) = self.loading.remove(&req) else {
+        let Some(load) = seq.load.as_mut() else {
             return;
         };
+        load.pending -= 1;
+        if load.pending > 0 {
+            return;
+        }
+        load.arrived = Some(ctx.now());
         if !seq.replicate.is_empty() {
             let ids = std::mem::take(&mut seq.replicate);
             let bytes = ids.len() as u64 * st.tensor_bytes;
@@ -93,39 +149,87 @@ impl Instance {
                 bytes,
             );
         }
-        self.enqueue(seq, ctx);
+        if let Some(i) = parked {
+            // Its loaded tokens are in its blocks: it runs from the next iteration on, as
+            // the most recently admitted sequence.
+            let mut seq = self.parked.remove(i);
+            seq.load = None;
+            self.running.push(seq);
+            if self.busy_since.is_none() {
+                self.step(ctx);
+            }
+        } else if let Phase::Loads(compute_end) = self.phase {
+            self.compute_done(compute_end, ctx);
+        }
     }
 
     /// `seq` as if the store had held nothing beyond what the GPU cache holds: its prompt is
-    /// computed (and stored again after its prefill).
-    pub(super) fn without_load(mut seq: Seq) -> Seq {
+    /// computed (and stored again after its prefill). Its load must not be in flight.
+    pub(super) fn without_load(seq: &mut Seq) {
         seq.load_end = seq.load_start;
         seq.planned = [0; Tier::ALL.len()];
         seq.loaded_bytes = [0; Tier::ALL.len()];
         seq.replicate.clear();
         seq.stored_chunks = 0;
-        seq
+        seq.load = None;
     }
 
-    /// The store of `node` lost its tensors: loads from it are abandoned (their requests
-    /// recompute those tokens), and their groups still in flight are ignored when they come.
+    /// Drops `seq`'s load; groups still in flight are ignored when they arrive.
+    pub(super) fn abandon_load(&mut self, seq: &mut Seq) {
+        if let Some(load) = seq.load.take()
+            && load.in_flight()
+        {
+            *self.stale_loads.entry(seq.req).or_insert(0) += load.pending;
+        }
+    }
+
+    /// `seq` lost the tokens it was loading: they are recomputed and no longer count as
+    /// reused from the store.
+    fn lose_load(&mut self, seq: &mut Seq) {
+        self.abandon_load(seq);
+        Self::without_load(seq);
+        for tier in &Tier::ALL[1..] {
+            seq.reused[*tier as usize] = 0;
+        }
+    }
+
+    /// The store of `node` lost its tensors: plans from it are dropped, loads from it are
+    /// abandoned (their requests recompute those tokens: parked ones release their blocks and
+    /// go back to the head of the queue, running ones are preempted), and their groups still
+    /// in flight are ignored when they come.
     pub(super) fn store_lost(&mut self, node: u32, ctx: &mut dyn Context<Msg>) {
         self.losses += 1;
-        let hit: Vec<ReqId> = self
-            .loading
-            .iter()
-            .filter(|(_, l)| l.pending.is_some() && l.sources.contains(&node))
-            .map(|(&r, _)| r)
-            .collect();
-        for req in hit {
-            let Some(l) = self.loading.remove(&req) else {
+        let hit = |s: &Seq| s.load.as_ref().is_some_and(|l| l.from(node));
+        for seq in self.waiting.iter_mut().filter(|s| hit(s)) {
+            Self::without_load(seq);
+        }
+        // Newest first, each to the head of the queue: they keep their admission order.
+        for i in (0..self.parked.len()).rev() {
+            if !hit(&self.parked[i]) {
                 continue;
-            };
-            let pending = l.pending.unwrap_or(0);
-            if pending > 0 {
-                *self.stale_loads.entry(req).or_insert(0) += pending;
             }
-            self.enqueue(Self::without_load(l.seq), ctx);
+            let mut seq = self.parked.remove(i);
+            self.lose_load(&mut seq);
+            self.pool.release(&seq.blocks);
+            seq.blocks.clear();
+            seq.computed = 0;
+            seq.scheduled = 0;
+            seq.registered = 0;
+            self.waiting.push_front(seq);
+        }
+        for i in (0..self.running.len()).rev() {
+            let seq = &self.running[i];
+            if !(hit(seq) && seq.load.as_ref().is_some_and(Load::in_flight)) {
+                continue;
+            }
+            let mut seq = self.running.remove(i);
+            self.lose_load(&mut seq);
+            self.preempt(seq);
+        }
+        match (self.busy_since, self.phase) {
+            (None, _) => self.step(ctx),
+            (Some(_), Phase::Loads(compute_end)) => self.compute_done(compute_end, ctx),
+            _ => {}
         }
     }
 }

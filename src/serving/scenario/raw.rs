@@ -7,6 +7,7 @@ pub use crate::scenario::hardware::RawHardware;
 
 use crate::serving::policy::PolicyKind;
 use crate::serving::router::RouterStrategy;
+use crate::serving::store::LoadOverlap;
 use crate::serving::store::eviction::Eviction;
 
 fn default_seed() -> u64 {
@@ -47,6 +48,8 @@ pub struct RawStore {
     pub fetch_request_overhead_us: f64,
     pub fetch_segment_overhead_us: f64,
     pub gpu_prefix_cache: bool,
+    /// `"none"` or `"layerwise"` (see [`LoadOverlap`]).
+    pub load_overlap: LoadOverlap,
     pub evostore: RawEvoStore,
     pub ptstore: RawPtStore,
 }
@@ -61,6 +64,7 @@ impl Default for RawStore {
             fetch_request_overhead_us: 10.0,
             fetch_segment_overhead_us: 2.0,
             gpu_prefix_cache: true,
+            load_overlap: LoadOverlap::None,
             evostore: RawEvoStore::default(),
             ptstore: RawPtStore::default(),
         }

@@ -77,6 +77,7 @@ pub(super) fn validate_store(
             s.fetch_segment_overhead_us,
         )?,
         gpu_prefix_cache: s.gpu_prefix_cache,
+        load_overlap: s.load_overlap,
         evostore: EvoStoreConfig {
             eviction: s.evostore.eviction,
         },

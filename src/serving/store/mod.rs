@@ -12,14 +12,19 @@
 //!    metadata service (one request; payload 8 bytes per id), skipping the tensors its own GPU
 //!    cache already holds. The service answers after `metadata_service_us` (requests queue
 //!    FIFO) with the load plan: per source (node and tier) the tensors, bytes and segments.
-//! 2. The instance loads every group at once: it posts one bulk read per group (RDMA from
-//!    another node's host memory, a copy over PCIe from its own, or an SSD read that the
-//!    owner's node streams through a bounce buffer in its host memory), paying the
-//!    per-request and per-segment overhead. Each load crosses every link on its way
-//!    ([`crate::hardware::network`]: DRAM, NICs, the reader GPU's PCIe, the SSD channel),
-//!    sharing them fairly with the other transfers. The request queues for admission when all
-//!    groups have arrived; its loaded tokens are not recomputed (TTFT = lookup + loads +
-//!    queueing + prefill of the rest).
+//! 2. The request joins the instance's queue with its plan not started. When the scheduler
+//!    admits it, GPU blocks are allocated for every token it will hold after the loads (the
+//!    reservation: loads need blocks to land in, as vLLM allocates blocks for external KV
+//!    before its KV connector loads into them), and every group starts at once: one bulk
+//!    read per group (RDMA from another node's host memory, a copy over PCIe from its own, or
+//!    an SSD read that the owner's node streams through a bounce buffer in its host memory),
+//!    paying the per-request and per-segment overhead. Each load crosses every link on its
+//!    way ([`crate::hardware::network`]: DRAM, NICs, the reader GPU's PCIe, the SSD channel),
+//!    sharing them fairly with the other transfers. How loads overlap compute is
+//!    `load_overlap` ([`LoadOverlap`]): `none` parks the request (holding its blocks,
+//!    computing nothing) until all groups have arrived, `layerwise` lets it compute at once,
+//!    each layer waiting for its own KV (see [`crate::serving::instance`]). Loaded tokens are
+//!    not recomputed (under `none`, TTFT = lookup + queueing + loads + prefill of the rest).
 //! 3. After its prefill, the instance writes the tensors beyond the stored prefix to its own
 //!    node's server (GPU to host over PCIe); the server registers them with the metadata
 //!    service, which demotes owned tensors (the server then writes them to SSD) or drops
@@ -36,8 +41,7 @@
 //! service sees: every load it plans counts once for the copy that serves it (a replica for
 //! its node's reads, else the owner's tensor). The rules in full are in [`directory`].
 //!
-//! Not modelled: KV memory is not reserved while a load is in flight (the request takes its
-//! blocks at admission); metadata updates are instantaneous at the service; SSD reads do not
+//! Not modelled: metadata updates are instantaneous at the service; SSD reads do not
 //! promote tensors back to host memory. The model is not split into layer ranges here (one
 //! instance holds all layers), so a tensor covers every layer of its chunk.
 
@@ -62,8 +66,22 @@ pub struct StoreConfig {
     pub fetch_segment_overhead: Nanos,
     /// Whether store policies also keep the GPU-local prefix cache.
     pub gpu_prefix_cache: bool,
+    pub load_overlap: LoadOverlap,
     pub evostore: EvoStoreConfig,
     pub ptstore: PtStoreConfig,
+}
+
+/// How a request's store loads overlap its compute (`store.load_overlap`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LoadOverlap {
+    /// The request computes nothing until every load has arrived (vLLM's
+    /// `WAITING_FOR_REMOTE_KVS`): its prefill starts after the loads.
+    #[default]
+    None,
+    /// Layer by layer (LMCache's and Mooncake's layer-wise loading): layer i's KV arrives
+    /// while earlier layers compute, so an iteration waits only for what it has not yet got.
+    Layerwise,
 }
 
 #[derive(Clone, Debug, PartialEq)]
