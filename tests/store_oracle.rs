@@ -1,0 +1,413 @@
+//! The prefix store's directory against an oracle that is not the store ([`oracle`]: a
+//! reference model written from the documented semantics, by brute force), run step by step
+//! side by side.
+//!
+//! **What is compared**, after every step of random operation sequences (and in a
+//! hand-computed scenario where LRU and GDSF choose different victims): the recorded
+//! [`StoreEvent`]s in order (stored, demoted, dropped, replicated, replica evicted, refused:
+//! the eviction order), the insert outcomes and replica counts, the stored tensors with
+//! owner and tier, the replicas on every node, the bytes per cache, and every load plan.
+//!
+//! One disagreement is a known bug of the directory (adding replicas may evict an ancestor of
+//! the batch: [`adding_replicas_never_evicts_an_ancestor_of_the_batch`], ignored until fixed);
+//! the property test runs against an oracle that mirrors it, so that all else is compared.
+
+mod oracle;
+
+use meshsim::hash::{ROOT_PARENT, block_hash};
+use meshsim::serving::store::directory::{Directory, Location, StoreEvent, StoreParams, TensorId};
+use meshsim::serving::store::eviction::Eviction;
+use oracle::Oracle;
+use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
+
+fn chain(symbols: &[u8]) -> Vec<TensorId> {
+    let mut parent = ROOT_PARENT;
+    symbols
+        .iter()
+        .map(|&s| {
+            parent = block_hash(parent, &[s as u32]);
+            parent
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Insert {
+        prompt: Vec<u8>,
+        node: u32,
+    },
+    /// A lookup, followed (like a serving instance) by replicating what its plan asks for.
+    Lookup {
+        prompt: Vec<u8>,
+        skip: usize,
+        reader: u32,
+    },
+    /// Replicating the tensors of a prompt from chunk `from` on, directly.
+    AddReplicas {
+        prompt: Vec<u8>,
+        from: usize,
+        node: u32,
+    },
+}
+
+/// The real directory and the oracle side by side.
+struct Pair {
+    d: Directory,
+    o: Oracle,
+}
+
+impl Pair {
+    /// The directory beside the oracle of the documented semantics.
+    fn new(p: StoreParams) -> Pair {
+        let mut d = Directory::new(p.clone());
+        d.events = Some(Vec::new());
+        Pair {
+            d,
+            o: Oracle::new(p),
+        }
+    }
+
+    /// The directory beside an oracle that mirrors its known bug, so that everything else is
+    /// still compared.
+    fn with_known_bug(p: StoreParams) -> Pair {
+        let mut pair = Pair::new(p);
+        pair.o.keep_first_path_only = true;
+        pair
+    }
+
+    /// Each step returns the events it recorded (after comparing them).
+    fn insert(&mut self, prompt: &[u8], node: u32) -> Result<Vec<StoreEvent>, TestCaseError> {
+        let q = chain(prompt);
+        prop_assert_eq!(
+            self.d.insert(&q, node),
+            self.o.insert(&q, node),
+            "insert outcome"
+        );
+        self.compare()
+    }
+
+    fn lookup(
+        &mut self,
+        prompt: &[u8],
+        skip: usize,
+        reader: u32,
+    ) -> Result<Vec<StoreEvent>, TestCaseError> {
+        let q = chain(prompt);
+        let plan = self.d.lookup(&q, skip, reader);
+        prop_assert_eq!(&plan, &self.o.lookup(&q, skip, reader), "load plan");
+        let mut events = self.compare()?;
+        if !plan.replicate.is_empty() {
+            events.extend(self.add_replicas(reader, &plan.replicate)?);
+        }
+        Ok(events)
+    }
+
+    fn add_replicas(
+        &mut self,
+        node: u32,
+        ids: &[TensorId],
+    ) -> Result<Vec<StoreEvent>, TestCaseError> {
+        prop_assert_eq!(
+            self.d.add_replicas(node, ids),
+            self.o.add_replicas(node, ids),
+            "replicas added"
+        );
+        self.compare()
+    }
+
+    fn run(&mut self, op: &Op) -> Result<Vec<StoreEvent>, TestCaseError> {
+        match op {
+            Op::Insert { prompt, node } => self.insert(prompt, *node),
+            Op::Lookup {
+                prompt,
+                skip,
+                reader,
+            } => self.lookup(prompt, *skip, *reader),
+            Op::AddReplicas { prompt, from, node } => {
+                let q = chain(prompt);
+                self.add_replicas(*node, &q[(*from).min(q.len())..])
+            }
+        }
+    }
+
+    /// Compares the decisions of the last step and the whole state; returns the step's events.
+    fn compare(&mut self) -> Result<Vec<StoreEvent>, TestCaseError> {
+        let events = self.d.events.replace(Vec::new()).expect("recording is on");
+        prop_assert_eq!(
+            &events,
+            &std::mem::take(&mut self.o.events),
+            "events in order"
+        );
+        if let Err(e) = self.d.check() {
+            prop_assert!(false, "{}", e);
+        }
+        let ids: Vec<TensorId> = self.o.tensors.keys().copied().collect();
+        prop_assert_eq!(self.d.ids(), ids, "stored tensors");
+        for (&id, t) in &self.o.tensors {
+            prop_assert_eq!(
+                self.d.location(id),
+                Some((t.owner, t.loc)),
+                "tensor {:#x}",
+                id
+            );
+        }
+        for n in 0..self.o.p.nodes {
+            let reps: Vec<TensorId> = self.o.replicas[n as usize].keys().copied().collect();
+            prop_assert_eq!(self.d.replicas_on(n), reps, "replicas on node {}", n);
+            prop_assert_eq!(self.d.usage(n), self.o.usage(n), "bytes on node {}", n);
+        }
+        Ok(events)
+    }
+}
+
+/// Operations on `nodes` nodes, on prompts mostly drawn from `pool` (so that lookups find
+/// what was stored, and reads repeat), else fresh.
+fn op(nodes: u32, pool: Vec<Vec<u8>>) -> impl Strategy<Value = Op> {
+    // A 3-symbol alphabet and short prompts make shared and divergent prefixes common.
+    let prompt = prop_oneof![
+        3 => prop::sample::select(pool),
+        1 => prop::collection::vec(0u8..3, 1..7),
+    ];
+    prop_oneof![
+        3 => (prompt.clone(), 0..nodes).prop_map(|(prompt, node)| Op::Insert { prompt, node }),
+        4 => (prompt.clone(), 0usize..3, 0..nodes).prop_map(|(prompt, skip, reader)| Op::Lookup {
+            prompt,
+            skip,
+            reader
+        }),
+        1 => (prompt, 0usize..3, 0..nodes).prop_map(|(prompt, from, node)| Op::AddReplicas {
+            prompt,
+            from,
+            node
+        }),
+    ]
+}
+
+fn params() -> impl Strategy<Value = StoreParams> {
+    (
+        2u32..4,
+        1u64..7,
+        // The replica cache's share of host memory, in eighths: 0 (EvoStore) to all of it.
+        0u64..=8,
+        0u64..5,
+        prop::bool::ANY,
+        prop::bool::ANY,
+        0u32..3,
+        // How much more a drop of a later tensor costs (0: all drops cost the same).
+        prop_oneof![Just(0.0), Just(2e4), Just(3e5)],
+    )
+        .prop_map(
+            |(nodes, host, eighths, ssd, gdsf, consolidate, after, per_index)| StoreParams {
+                nodes,
+                tensor_bytes: 10,
+                host_capacity: host * 10,
+                replica_capacity: host * 10 * eighths / 8,
+                ssd_capacity: ssd * 10,
+                eviction: if gdsf { Eviction::Gdsf } else { Eviction::Lru },
+                consolidate,
+                replicate_after_reads: (after > 0).then_some(after),
+                host_ns_per_byte: 0.04,
+                ssd_ns_per_byte: 0.3,
+                net_ns_per_byte: 0.05,
+                recompute_base_ns: 1e6,
+                recompute_per_index_ns: per_index,
+            },
+        )
+}
+
+/// 1000 cases, or `ORACLE_CASES` (`ORACLE_CASES=200000 cargo test --test store_oracle` for a
+/// long search).
+fn cases() -> u32 {
+    std::env::var("ORACLE_CASES").map_or(1000, |v| v.parse().expect("ORACLE_CASES is a count"))
+}
+
+/// `cases` cases, and failures kept in `tests/store_oracle.proptest-regressions` (committed),
+/// whose seeds proptest replays before any new case.
+fn config(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        failure_persistence: Some(Box::new(FileFailurePersistence::SourceParallel(
+            "proptest-regressions",
+        ))),
+        ..ProptestConfig::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(config(cases()))]
+
+    #[test]
+    fn the_directory_decides_like_the_oracle_at_every_step(
+        (p, ops) in (params(), prop::collection::vec(prop::collection::vec(0u8..3, 1..7), 4))
+            .prop_flat_map(|(p, pool)| {
+                let n = p.nodes;
+                (Just(p), prop::collection::vec(op(n, pool), 1..60))
+            })
+    ) {
+        // TODO(bug): `Pair::new` once adding replicas keeps every ancestor of its batch.
+        let mut pair = Pair::with_known_bug(p);
+        for op in &ops {
+            pair.run(op)?;
+        }
+    }
+}
+
+fn scenario_params(eviction: Eviction) -> StoreParams {
+    StoreParams {
+        nodes: 1,
+        tensor_bytes: 10,
+        host_capacity: 20,
+        replica_capacity: 0,
+        ssd_capacity: 10,
+        eviction,
+        consolidate: false,
+        replicate_after_reads: None,
+        host_ns_per_byte: 0.04,
+        ssd_ns_per_byte: 0.3,
+        net_ns_per_byte: 0.05,
+        recompute_base_ns: 1e6,
+        recompute_per_index_ns: 2e4,
+    }
+}
+
+/// One node with room for two tensors in host memory and one on SSD. A = [0] is read three
+/// times in all (freq 3, last read at tick 4), B = [1] twice (freq 2, last read at tick 5).
+/// Storing C = [2] demotes a host leaf: LRU takes A (older last access, tick 4 < 5), GDSF
+/// takes B (lower priority, 2 x 0.26 < 3 x 0.26 ns/B). Storing D = [2, 0] pins C, so the
+/// other host tensor is demoted and the full SSD drops the one demoted before it: under LRU
+/// B is demoted and A dropped, under GDSF the reverse.
+#[test]
+fn lru_and_gdsf_evict_in_the_order_computed_by_hand_in_both_directory_and_oracle() {
+    let [a, b, c] = [[0u8], [1], [2]].map(|s| chain(&s)[0]);
+    let d_id = chain(&[2, 0])[1];
+    for (eviction, first, second) in [(Eviction::Lru, a, b), (Eviction::Gdsf, b, a)] {
+        let mut pair = Pair::new(scenario_params(eviction));
+        pair.insert(&[0], 0).unwrap();
+        pair.insert(&[1], 0).unwrap();
+        pair.lookup(&[0], 0, 0).unwrap();
+        pair.lookup(&[0], 0, 0).unwrap();
+        pair.lookup(&[1], 0, 0).unwrap();
+        let mut steps = vec![pair.insert(&[2], 0).unwrap()];
+        assert_eq!(pair.d.location(first), Some((0, Location::Ssd)));
+        assert_eq!(pair.d.location(second), Some((0, Location::Host)));
+        steps.push(pair.insert(&[2, 0], 0).unwrap());
+        assert_eq!(pair.d.location(first), None);
+        assert_eq!(pair.d.location(second), Some((0, Location::Ssd)));
+        let stored = |id, index| StoreEvent::Stored { node: 0, index, id };
+        let demoted = StoreEvent::Demoted { node: 0, index: 0 };
+        let dropped = StoreEvent::Dropped {
+            node: 0,
+            index: 0,
+            id: first,
+        };
+        assert_eq!(
+            steps,
+            vec![
+                vec![demoted.clone(), stored(c, 0)],
+                vec![demoted, dropped, stored(d_id, 1)],
+            ],
+            "{eviction:?}"
+        );
+    }
+}
+
+/// The property test's configuration finds the committed regressions file (next to this
+/// file, named after it), so its seeds run first on every `cargo test`.
+#[test]
+fn the_committed_regression_seeds_are_replayed() {
+    let seeds = config(1)
+        .failure_persistence
+        .expect("failures are persisted")
+        .load_persisted_failures2(Some(file!()));
+    let seeds: Vec<String> = seeds.iter().map(ToString::to_string).collect();
+    assert!(
+        seeds
+            .iter()
+            .any(|s| s.contains("45dbb134beca3f5031b6f45ebf5c3c85")),
+        "tests/store_oracle.proptest-regressions is not read (seeds found: {seeds:?})"
+    );
+}
+
+fn replication_params() -> StoreParams {
+    StoreParams {
+        nodes: 2,
+        tensor_bytes: 10,
+        host_capacity: 60,
+        // Room for two replicas; the owned cache holds four tensors.
+        replica_capacity: 20,
+        ssd_capacity: 0,
+        eviction: Eviction::Lru,
+        consolidate: false,
+        replicate_after_reads: Some(1),
+        host_ns_per_byte: 0.04,
+        ssd_ns_per_byte: 0.3,
+        net_ns_per_byte: 0.05,
+        recompute_base_ns: 1e6,
+        recompute_per_index_ns: 2e4,
+    }
+}
+
+/// The directory's module doc: "adding replicas never evicts the replicated prefix's own
+/// ancestors" (and `add_replicas`: "the batch's own ancestors stay: evicting them would split
+/// the prefix it extends"). But `add_replicas` keeps only the ancestors of the batch's first
+/// tensor, while a lookup's batch (its remote tensors) has gaps where the reader already
+/// holds a replica: that replica is an ancestor of the batch's later tensors, yet a leaf of
+/// the replica cache, so it may be evicted for them.
+///
+/// Node 1 owns x0 x1 x2 (`[0, 0, 0]`) and y (`[1]`); node 0 reads, with room for two
+/// replicas, replicating after one remote read. Reading x1 x2 replicates both; reading y
+/// evicts the leaf x2 for y. Reading x0 x1 x2 then loads x1 from the local replica and asks
+/// to replicate x0 and x2; the documented rule keeps x1 (an ancestor of x2), evicts y, and
+/// has room for x0 only. The directory evicts y and x1 and replicates x0 and x2: node 0 then
+/// holds x0 and x2 but not the x1 between them.
+#[test]
+#[ignore = "bug: add_replicas keeps only the first tensor's ancestors, and evicts a replica \
+            in a gap of the batch (an ancestor of its later tensors)"]
+fn adding_replicas_never_evicts_an_ancestor_of_the_batch() {
+    let mut pair = Pair::new(replication_params());
+    let x = chain(&[0, 0, 0]);
+    pair.insert(&[0, 0, 0], 1).unwrap();
+    pair.insert(&[1], 1).unwrap();
+    pair.lookup(&[0, 0, 0], 1, 0).unwrap();
+    assert_eq!(pair.d.replicas_on(0), sorted(&[x[1], x[2]]));
+    pair.lookup(&[1], 0, 0).unwrap();
+    assert_eq!(pair.d.replicas_on(0), sorted(&[x[1], chain(&[1])[0]]));
+    let plan = pair.d.lookup(&x, 0, 0);
+    pair.o.lookup(&x, 0, 0);
+    pair.compare().unwrap();
+    assert_eq!(plan.replicate, vec![x[0], x[2]]);
+    pair.d.add_replicas(0, &plan.replicate);
+    pair.o.add_replicas(0, &plan.replicate);
+    let oracle: Vec<TensorId> = pair.o.replicas[0].keys().copied().collect();
+    assert_eq!(
+        oracle,
+        sorted(&[x[0], x[1]]),
+        "the documented rule, by hand"
+    );
+    assert_eq!(
+        pair.d.replicas_on(0),
+        sorted(&[x[0], x[1]]),
+        "the replica of x1, an ancestor of the replicated x2, was evicted for it"
+    );
+}
+
+/// The same steps with the oracle that mirrors the bug: what the directory does today.
+#[test]
+fn today_adding_replicas_evicts_a_replica_in_a_gap_of_the_batch() {
+    let mut pair = Pair::with_known_bug(replication_params());
+    let x = chain(&[0, 0, 0]);
+    pair.insert(&[0, 0, 0], 1).unwrap();
+    pair.insert(&[1], 1).unwrap();
+    pair.lookup(&[0, 0, 0], 1, 0).unwrap();
+    pair.lookup(&[1], 0, 0).unwrap();
+    pair.lookup(&[0, 0, 0], 0, 0).unwrap();
+    assert_eq!(pair.d.replicas_on(0), sorted(&[x[0], x[2]]));
+}
+
+fn sorted(ids: &[TensorId]) -> Vec<TensorId> {
+    let mut v = ids.to_vec();
+    v.sort_unstable();
+    v
+}
