@@ -95,11 +95,6 @@ pub struct Oracle {
     replica_regions: u64,
     tick: u64,
     pub events: Vec<StoreEvent>,
-    /// Mirror the directory's known bug: adding replicas keeps only the ancestors of the
-    /// batch's *first* tensor, so a replica in a gap of the batch (a tensor the reader already
-    /// had as a replica) may be evicted for it. See the ignored test
-    /// `adding_replicas_never_evicts_an_ancestor_of_the_batch`.
-    pub keep_first_path_only: bool,
 }
 
 impl Oracle {
@@ -116,7 +111,6 @@ impl Oracle {
             replica_regions: 0,
             tick: 0,
             events: Vec::new(),
-            keep_first_path_only: false,
         }
     }
 
@@ -463,17 +457,10 @@ impl Oracle {
             .collect();
         wanted.truncate((capacity / b) as usize);
         // The replicated prefix's own ancestors are never evicted for it.
-        let keep: BTreeSet<TensorId> = if self.keep_first_path_only {
-            wanted.first().map(|&id| self.ancestors_and_self(id))
-        } else {
-            None
-        }
-        .unwrap_or_else(|| {
-            wanted
-                .iter()
-                .flat_map(|&id| self.ancestors_and_self(id))
-                .collect()
-        });
+        let keep: BTreeSet<TensorId> = wanted
+            .iter()
+            .flat_map(|&id| self.ancestors_and_self(id))
+            .collect();
         while (self.replicas[n].len() + wanted.len()) as u64 * b > capacity {
             let cands = self.replicas[n]
                 .iter()

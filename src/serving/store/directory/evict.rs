@@ -212,10 +212,12 @@ impl Directory {
         let fit = (capacity / bytes) as usize;
         let wanted = &wanted[..wanted.len().min(fit)];
         let need = wanted.len() as u64 * bytes;
-        // The batch's own ancestors stay: evicting them would split the prefix it extends.
+        // The batch's own ancestors stay: evicting them would split the prefix it extends. The
+        // batch is one chain in prefix order, possibly with gaps (tensors the node already
+        // holds as replicas), so the path to its last tensor holds every ancestor of all.
         let keep = wanted
-            .first()
-            .map(|&first| self.path_to(first))
+            .last()
+            .map(|&last| self.path_to(last))
             .unwrap_or_default();
         // Evict older replicas (bounded: one per round) until the batch fits.
         while self.servers[node as usize].replica_bytes + need > capacity {
