@@ -163,7 +163,8 @@ pub fn simulate_checked(
         );
     }
     if let Some(rules) = rules {
-        let dir = Directory::new(store_params(s, &rules));
+        let mut dir = Directory::new(store_params(s, &rules));
+        dir.set_lease(s.store.read_lease.0);
         let added = host.add(
             Box::new(Metadata::new(
                 dir,

@@ -296,6 +296,7 @@ fn store_instance_with(
         fetch_segment_overhead: Nanos::ZERO,
         gpu_prefix_cache,
         load_overlap: overlap,
+        read_lease: Nanos::ZERO,
         evostore: EvoStoreConfig {
             eviction: Eviction::Lru,
         },

@@ -50,6 +50,8 @@ pub struct RawStore {
     pub gpu_prefix_cache: bool,
     /// `"none"` or `"layerwise"` (see [`LoadOverlap`]).
     pub load_overlap: LoadOverlap,
+    /// How long a lookup holds what it plans to load (see `Directory::set_lease`).
+    pub read_lease_ms: f64,
     pub evostore: RawEvoStore,
     pub ptstore: RawPtStore,
 }
@@ -65,6 +67,7 @@ impl Default for RawStore {
             fetch_segment_overhead_us: 2.0,
             gpu_prefix_cache: true,
             load_overlap: LoadOverlap::None,
+            read_lease_ms: 5000.0,
             evostore: RawEvoStore::default(),
             ptstore: RawPtStore::default(),
         }

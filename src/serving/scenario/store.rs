@@ -56,6 +56,13 @@ pub(super) fn validate_store(
     let us = |key: &str, v: f64| -> Result<Nanos, ScenarioError> {
         Ok(Nanos::from_secs_f64(non_negative(c, key, v)? / 1e6))
     };
+    let lease = non_negative(c, "store.read_lease_ms", s.read_lease_ms)?;
+    if lease > 3_600_000.0 {
+        return Err(c.err(
+            "store.read_lease_ms",
+            format!("expected at most an hour (3600000 ms), found {lease}"),
+        ));
+    }
     let f = s.ptstore.replica_fraction;
     if !(f.is_finite() && (0.0..1.0).contains(&f)) {
         return Err(c.err(
@@ -78,6 +85,7 @@ pub(super) fn validate_store(
         )?,
         gpu_prefix_cache: s.gpu_prefix_cache,
         load_overlap: s.load_overlap,
+        read_lease: Nanos::from_secs_f64(lease / 1e3),
         evostore: EvoStoreConfig {
             eviction: s.evostore.eviction,
         },

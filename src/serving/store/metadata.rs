@@ -42,6 +42,7 @@ impl Metadata {
 
 impl Actor<Msg> for Metadata {
     fn handle(&mut self, msg: Msg, ctx: &mut dyn Context<Msg>) {
+        self.dir.set_now(ctx.now().0);
         match msg {
             Msg::Lookup(l) => {
                 self.report.lookups += 1;

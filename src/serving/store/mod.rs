@@ -67,6 +67,8 @@ pub struct StoreConfig {
     /// Whether store policies also keep the GPU-local prefix cache.
     pub gpu_prefix_cache: bool,
     pub load_overlap: LoadOverlap,
+    /// How long a lookup holds the tensors it plans to load against eviction.
+    pub read_lease: Nanos,
     pub evostore: EvoStoreConfig,
     pub ptstore: PtStoreConfig,
 }

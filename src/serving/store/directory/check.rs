@@ -40,6 +40,11 @@ impl Directory {
         let p = &self.params;
         let b = p.tensor_bytes;
         let nodes = p.nodes as usize;
+        if let Some(id) = self.leases.keys().find(|id| !self.tensors.contains_key(id)) {
+            return Err(format!(
+                "a read lease on tensor {id:x}, which is not stored"
+            ));
+        }
         let (mut owned, mut ssd, mut reps) = (vec![0u64; nodes], vec![0u64; nodes], vec![0; nodes]);
         for (&id, t) in &self.tensors {
             if let Some(parent) = t.parent {

@@ -24,10 +24,12 @@ impl Directory {
         while self.servers[node as usize].owned_host_bytes + bytes > capacity {
             let tensors = &self.tensors;
             let q = &mut self.servers[node as usize].host_q;
-            // Only leaves: whenever an unpinned tensor is in host memory, an unpinned leaf is
-            // (the one of highest index has no child there: a pinned child would pin it, as
-            // the pinned tensors are a prefix).
-            let eligible = |id: u64| !pinned.contains(&id) && tensors[&id].is_leaf();
+            // Only leaves: whenever an unpinned, unleased tensor is in host memory, such a
+            // leaf is (the one of highest index has no child there: a pinned or leased child
+            // would pin or lease it, as pins and leases are closed under parents).
+            let (leases, now) = (&self.leases, self.now_ns);
+            let leased = |id: u64| leases.get(&id).is_some_and(|&until| until > now);
+            let eligible = |id: u64| !pinned.contains(&id) && !leased(id) && tensors[&id].is_leaf();
             let Some((victim, access)) = q.pop_entry_where(eligible) else {
                 return false;
             };
@@ -46,7 +48,9 @@ impl Directory {
             replica_q,
             ..
         } = &mut self.servers[node as usize];
-        let eligible = |id: u64| !keep.contains(&id) && replicas[&id].kids == 0;
+        let (leases, now) = (&self.leases, self.now_ns);
+        let leased = |id: u64| leases.get(&id).is_some_and(|&until| until > now);
+        let eligible = |id: u64| !keep.contains(&id) && !leased(id) && replicas[&id].kids == 0;
         let Some(id) = replica_q.pop_first_where(eligible) else {
             return false;
         };
@@ -118,7 +122,9 @@ impl Directory {
         while self.servers[node as usize].ssd_bytes + bytes > self.params.ssd_capacity {
             let tensors = &self.tensors;
             let q = &mut self.servers[node as usize].ssd_q;
-            let eligible = |v: u64| !pinned.contains(&v) && tensors[&v].is_leaf();
+            let (leases, now) = (&self.leases, self.now_ns);
+            let leased = |id: u64| leases.get(&id).is_some_and(|&until| until > now);
+            let eligible = |v: u64| !pinned.contains(&v) && !leased(v) && tensors[&v].is_leaf();
             let Some(victim) = q.pop_first_where(eligible) else {
                 // Nothing on SSD may go (there is nothing, or only pinned tensors): the
                 // tensor being demoted goes instead.
@@ -152,6 +158,7 @@ impl Directory {
             let Some(t) = self.tensors.remove(&id) else {
                 continue;
             };
+            self.leases.remove(&id);
             n += 1;
             stack.extend_from_slice(&t.children);
             if let Some(p) = t.parent

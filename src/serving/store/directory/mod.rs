@@ -61,6 +61,10 @@
 //!   its count and its last access (the SSD queue takes over its history; a demotion is no
 //!   access); a replica's count is its own, separate from the owner's.
 //!
+//! **Read leases.** A lookup that plans a load holds the path it reads (from the root) for
+//! `read_lease_ms` ([`Directory::set_lease`]): leased tensors are never victims, so a load in
+//! flight never reads memory that was freed under it. Leases expire by themselves.
+//!
 //! **Replication** (PTStore): when a node has read a tensor from a remote owner
 //! `replicate_after_reads` times, the remote part of the prefix it just loaded is copied into
 //! its replica cache (the copy is made from the GPU that loaded it, over local PCIe).
@@ -237,6 +241,11 @@ pub struct Directory {
     region_tail: HashMap<u64, TensorId, IdBuildHasher>,
     next_region: u64,
     tick: u64,
+    /// Read leases: until when (ns) each tensor is held for a load in flight (see
+    /// [`Directory::set_lease`]); entries leave with their tensor.
+    leases: HashMap<TensorId, u64, IdBuildHasher>,
+    lease_ns: u64,
+    now_ns: u64,
     pub stats: StoreStats,
     /// Recorded decisions, when recording is on.
     pub events: Option<Vec<StoreEvent>>,
@@ -272,6 +281,9 @@ impl Directory {
             region_tail: HashMap::default(),
             next_region: 0,
             tick: 0,
+            leases: HashMap::default(),
+            lease_ns: 0,
+            now_ns: 0,
             stats: StoreStats::default(),
             events: None,
         }
@@ -327,6 +339,28 @@ impl Directory {
             / self.params.tensor_bytes as f64
     }
 
+    /// Every lookup that plans a load grants a *read lease* of `ns` nanoseconds on the path it
+    /// reads (the whole stored prefix, from the root: a lease on a tensor covers its
+    /// ancestors, without which it would be dropped with them): until it expires, no leased
+    /// tensor is demoted, dropped or evicted, so a load in flight never reads freed memory.
+    /// Mooncake's store does the same (`kv_lease_ttl`, 5 s by default). A lease ends by
+    /// itself, so a reader that crashes holds nothing for long. 0 (the default) grants none.
+    pub fn set_lease(&mut self, ns: u64) {
+        self.lease_ns = ns;
+    }
+
+    /// The time of the next operations, in ns (leases are granted and expire against it).
+    pub fn set_now(&mut self, now_ns: u64) {
+        self.now_ns = self.now_ns.max(now_ns);
+    }
+
+    /// Whether `id` holds an unexpired read lease.
+    pub fn leased(&self, id: TensorId) -> bool {
+        self.leases
+            .get(&id)
+            .is_some_and(|&until| until > self.now_ns)
+    }
+
     /// Finds the stored prefix of `chain` for a reader on `reader`, and plans loading the
     /// stored tensors after the first `skip` (those the reader already has). Counts as an
     /// access to every tensor it plans to load.
@@ -338,6 +372,12 @@ impl Directory {
         };
         if k <= skip {
             return plan;
+        }
+        if self.lease_ns > 0 {
+            let until = self.now_ns.saturating_add(self.lease_ns);
+            for &id in &chain[..k] {
+                self.leases.insert(id, until);
+            }
         }
         let bytes = self.params.tensor_bytes;
         let mut last: Option<(u32, Location, u64)> = None;

@@ -345,3 +345,50 @@ fn dropping_a_tensor_drops_its_descendants_on_every_node() {
     assert_eq!(d.len(), 3);
     d.check().unwrap();
 }
+
+#[test]
+fn a_leased_path_is_neither_demoted_nor_dropped_until_its_lease_ends() {
+    // One node: 2 tensors in host memory, 1 on SSD; leases of 1 ms.
+    let mut d = Directory::new(params(1, 2, 0, 1));
+    d.set_lease(1_000_000);
+    let ab = chain(&[1, 2]);
+    d.insert(&ab, 0);
+    d.set_now(10);
+    // A load of `ab` is planned: both tensors are leased (the path from the root).
+    let plan = d.lookup(&ab, 0, 0);
+    assert_eq!(plan.stored_chunks, 2);
+    assert!(d.leased(ab[0]) && d.leased(ab[1]));
+    // While the load runs, a new prompt finds no room that is not leased: refused.
+    d.set_now(500_000);
+    let x = chain(&[7]);
+    let out = d.insert(&x, 0);
+    assert!(out.refused && out.new_tensors == 0, "{out:?}");
+    assert_eq!(d.location(ab[1]), Some((0, Location::Host)));
+    // Once the lease has run out, `ab`'s leaf goes to SSD to make room, as without leases.
+    d.set_now(1_000_011);
+    assert!(!d.leased(ab[1]));
+    let out = d.insert(&x, 0);
+    assert_eq!((out.new_tensors, out.demoted), (1, 1));
+    assert_eq!(d.location(ab[1]), Some((0, Location::Ssd)));
+    // A lookup that skips the tensors the reader holds still leases the whole path: the
+    // skipped tensors are the loaded ones' ancestors.
+    d.set_now(2_000_000);
+    let plan = d.lookup(&ab, 1, 0);
+    assert_eq!(plan.groups.len(), 1);
+    assert!(d.leased(ab[0]));
+    // Dropped tensors lose their lease entries with them.
+    d.check().unwrap();
+}
+
+#[test]
+fn without_leases_a_planned_load_can_be_evicted_under_it() {
+    let mut d = Directory::new(params(1, 2, 0, 0));
+    let ab = chain(&[1, 2]);
+    d.insert(&ab, 0);
+    let _ = d.lookup(&ab, 0, 0);
+    assert!(!d.leased(ab[1]));
+    // No SSD: the leaf is dropped for the new tensor.
+    let out = d.insert(&chain(&[7]), 0);
+    assert_eq!(out.new_tensors, 1);
+    assert!(!d.contains(ab[1]));
+}
