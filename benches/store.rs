@@ -134,7 +134,7 @@ fn case(name: &str, scale: &Scale, eviction: Eviction, replicas: bool, seed: u64
         let j = turns.len() as u32;
         d.insert(&chain(j, 0), j % NODES);
         turns.push(0);
-        if replicas && j % 4 == 0 {
+        if replicas && j.is_multiple_of(4) {
             // Remote reads, so that replicas exist when the timed phase starts.
             let reader = rng.below(NODES as u64) as u32;
             let r = rng.below(j as u64 + 1) as u32;
@@ -164,7 +164,7 @@ fn case(name: &str, scale: &Scale, eviction: Eviction, replicas: bool, seed: u64
     // The timed inserts, prepared beforehand.
     let mut writes: Vec<(Vec<TensorId>, u32)> = Vec::with_capacity(scale.ops);
     for k in 0..scale.ops {
-        let j = if k % 2 == 0 {
+        let j = if k.is_multiple_of(2) {
             let n = turns.len() as u32;
             let j = n - 1 - rng.below(scale.recent.min(n) as u64) as u32;
             turns[j as usize] += 1;
