@@ -187,9 +187,9 @@ fn case(name: &str, scale: &Scale, eviction: Eviction, replicas: bool, seed: u64
     let len_after = d.len();
     let insert_rate = scale.ops as f64 / insert_s;
     println!(
-        "    {:>7.0} k prompt inserts/s ({:.2} M new tensors/s): {}",
-        insert_rate / 1e3,
-        new_tensors as f64 / insert_s / 1e6,
+        "    {:>9.0} prompt inserts/s ({:.0} new tensors/s): {}",
+        insert_rate,
+        new_tensors as f64 / insert_s,
         counters(&inserts, len_before, len_after)
     );
     drop(writes);
@@ -216,8 +216,8 @@ fn case(name: &str, scale: &Scale, eviction: Eviction, replicas: bool, seed: u64
     let lookup_s = started.elapsed().as_secs_f64();
     let lookup_rate = scale.ops as f64 / lookup_s;
     println!(
-        "    {:>7.0} k lookups/s ({:.0}% of the asked tensors stored): {}",
-        lookup_rate / 1e3,
+        "    {:>9.0} lookups/s ({:.0}% of the asked tensors stored): {}",
+        lookup_rate,
         100.0 * found as f64 / asked as f64,
         counters(&delta(&d.stats, &before), len0, d.len())
     );
