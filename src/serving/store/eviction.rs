@@ -38,6 +38,8 @@ struct Entry {
     tick: u64,
     /// cost / size, in ns per byte.
     value: f64,
+    /// Not a candidate now (see [`EvictionQueue::set_hidden`]): it has no heap item.
+    hidden: bool,
 }
 
 /// The access history of an entry, carried along when it moves to another queue.
@@ -58,6 +60,10 @@ type Item = Reverse<(u64, u64, u32)>;
 /// item and leaves the old one stale, to be skipped when it surfaces. Under LRU a touched
 /// entry gets the largest key, so its push costs O(1); under GDSF it is O(log n). Stale items
 /// are bounded: when they outnumber live entries the heap is rebuilt from the entries.
+///
+/// An entry may be *hidden* (the store hides tensors that are not leaves of their tier): it
+/// keeps its key and history but has no item in the heap, so scans for a victim never pass
+/// over it; unhiding pushes it back with the same key, in the same place of the order.
 #[derive(Debug)]
 pub struct EvictionQueue {
     heap: BinaryHeap<Item>,
@@ -97,6 +103,9 @@ impl EvictionQueue {
     }
 
     fn push(&mut self, id: u64, e: Entry) {
+        if e.hidden {
+            return;
+        }
         self.heap.push(Reverse((e.key, id, e.version)));
         if self.heap.len() > 2 * self.entries.len() + 64 {
             self.compact();
@@ -108,6 +117,7 @@ impl EvictionQueue {
         let items: Vec<Item> = self
             .entries
             .iter()
+            .filter(|(_, e)| !e.hidden)
             .map(|(&id, e)| Reverse((e.key, id, e.version)))
             .collect();
         self.heap = BinaryHeap::from(items);
@@ -116,7 +126,22 @@ impl EvictionQueue {
     fn is_live(&self, &Reverse((key, id, version)): &Item) -> bool {
         self.entries
             .get(&id)
-            .is_some_and(|e| e.version == version && e.key == key)
+            .is_some_and(|e| e.version == version && e.key == key && !e.hidden)
+    }
+
+    /// Hides `id` from victim scans (or shows it again), keeping its key and history. Hiding
+    /// leaves its heap item stale; showing pushes a new one.
+    pub fn set_hidden(&mut self, id: u64, hidden: bool) {
+        let Some(e) = self.entries.get_mut(&id) else {
+            return;
+        };
+        if e.hidden == hidden {
+            return;
+        }
+        e.hidden = hidden;
+        e.version = e.version.wrapping_add(1);
+        let e = *e;
+        self.push(id, e);
     }
 
     /// Adds `id` (not present) with `freq` accesses so far; `value` is cost / size.
@@ -128,6 +153,7 @@ impl EvictionQueue {
             freq,
             tick,
             value,
+            hidden: false,
         };
         let old = self.entries.insert(id, e);
         debug_assert!(old.is_none(), "entry inserted twice");
@@ -146,9 +172,15 @@ impl EvictionQueue {
             freq,
             tick,
             value: old.value,
+            hidden: old.hidden,
         };
         self.entries.insert(id, e);
         self.push(id, e);
+    }
+
+    /// Whether `id` is hidden from victim scans (`None` if absent).
+    pub fn is_hidden(&self, id: u64) -> Option<bool> {
+        self.entries.get(&id).map(|e| e.hidden)
     }
 
     /// Access count of `id` (0 if absent).

@@ -75,6 +75,18 @@ impl Directory {
                 ));
             }
             let s = &self.servers[t.owner as usize];
+            let queue = match t.loc {
+                Location::Host => &s.host_q,
+                Location::Ssd => &s.ssd_q,
+            };
+            if queue
+                .is_hidden(id)
+                .is_some_and(|hidden| hidden == t.is_leaf())
+            {
+                return Err(format!(
+                    "tensor {id:#x}: shown to victim scans unless a leaf of its tier, or hidden"
+                ));
+            }
             let (in_host, in_ssd) = (s.host_q.contains(id), s.ssd_q.contains(id));
             match t.loc {
                 Location::Host => {
@@ -145,6 +157,11 @@ impl Directory {
                 if r.kids != kids {
                     return Err(format!(
                         "node {n}: replica of {id:#x} miscounts its children"
+                    ));
+                }
+                if s.replica_q.is_hidden(id) != Some(kids > 0) {
+                    return Err(format!(
+                        "node {n}: replica of {id:#x} hidden from scans unless a leaf, or shown"
                     ));
                 }
             }

@@ -80,6 +80,30 @@ impl Directory {
             && let Some(r) = s.replicas.get_mut(&p)
         {
             r.kids -= 1;
+            self.refresh_replica(node, p);
+        }
+    }
+
+    /// Shows owned tensor `id` to victim scans of its tier's queue if it is a leaf there, and
+    /// hides it if not (so scans never pass over non-leaves).
+    pub(super) fn refresh_leaf(&mut self, id: TensorId) {
+        let Some(t) = self.tensors.get(&id) else {
+            return;
+        };
+        let hidden = !t.is_leaf();
+        let server = &mut self.servers[t.owner as usize];
+        match t.loc {
+            Location::Host => server.host_q.set_hidden(id, hidden),
+            Location::Ssd => server.ssd_q.set_hidden(id, hidden),
+        }
+    }
+
+    /// The same for the replica of `id` on `node`: shown when no child of it is a replica
+    /// there.
+    fn refresh_replica(&mut self, node: u32, id: TensorId) {
+        let server = &mut self.servers[node as usize];
+        if let Some(r) = server.replicas.get(&id) {
+            server.replica_q.set_hidden(id, r.kids > 0);
         }
     }
 
@@ -95,6 +119,7 @@ impl Directory {
         {
             *pt.kids_mut(from) -= 1;
             *pt.kids_mut(to) += 1;
+            self.refresh_leaf(p);
         }
     }
 
@@ -144,6 +169,7 @@ impl Directory {
         server.ssd_bytes += bytes;
         // A demotion is no access: the tensor keeps its count and its last access.
         server.ssd_q.insert(id, access.freq, value, access.tick);
+        self.refresh_leaf(id);
     }
 
     /// Drops `root` and all its descendants, with their replicas; `root` may already be out of
@@ -167,6 +193,7 @@ impl Directory {
                 pt.children.retain(|&c| c != id);
                 if pt.owner == t.owner {
                     *pt.kids_mut(t.loc) -= 1;
+                    self.refresh_leaf(p);
                 }
             }
             let owner = &mut self.servers[t.owner as usize];
@@ -249,7 +276,8 @@ impl Directory {
                 .iter()
                 .filter(|c| s.replicas.contains_key(c))
                 .count() as u32;
-            if let Some(p) = parent
+            let parent_replica = parent.filter(|p| s.replicas.contains_key(p));
+            if let Some(p) = parent_replica
                 && let Some(r) = s.replicas.get_mut(&p)
             {
                 r.kids += 1;
@@ -257,6 +285,11 @@ impl Directory {
             s.replicas.insert(id, Replica { region, kids });
             s.replica_bytes += bytes;
             s.replica_q.insert(id, 1, value, tick);
+            self.refresh_replica(node, id);
+            if let Some(p) = parent_replica {
+                self.refresh_replica(node, p);
+            }
+            let s = &mut self.servers[node as usize];
             s.remote_reads.remove(&id);
             self.stats.replicated += 1;
             self.record(StoreEvent::Replicated { node, index });

@@ -508,6 +508,7 @@ impl Directory {
                 if pt.owner == owner {
                     // A child of the same node, in its host memory (wherever the parent is).
                     pt.host_kids += 1;
+                    self.refresh_leaf(p);
                 }
             }
             self.tensors.insert(
