@@ -234,3 +234,32 @@ fn a_layerwise_load_overlap_is_accepted() {
     let o = meshsim("check", &text);
     assert_eq!(o.status, 0, "{}", o.stderr);
 }
+
+#[test]
+fn link_efficiencies_outside_zero_to_one_are_rejected_with_their_key() {
+    for (table, key) in [
+        ("[hardware.pcie]", "hardware.pcie.efficiency"),
+        ("[hardware.nvlink]", "hardware.nvlink.efficiency"),
+        ("[hardware.host]", "hardware.host.memory_efficiency"),
+        ("[hardware.ssd]", "hardware.ssd.efficiency"),
+        ("[hardware.network]", "hardware.network.nic_efficiency"),
+    ] {
+        let field = key.rsplit('.').next().unwrap();
+        for v in ["nan", "0.0", "1.5", "-1.0", "inf"] {
+            let text = small_text().replace(table, &format!("{table}\n{field} = {v}"));
+            assert_rejected(&text, key, "expected a fraction in (0, 1]");
+        }
+    }
+}
+
+#[test]
+fn a_read_lease_must_be_finite_non_negative_and_at_most_an_hour() {
+    for (v, why) in [
+        ("-5.0", "expected zero or a positive number"),
+        ("nan", "expected zero or a positive number"),
+        ("1e9", "expected at most an hour"),
+    ] {
+        let text = format!("{}\n[store]\nread_lease_ms = {v}\n", small_text());
+        assert_rejected(&text, "store.read_lease_ms", why);
+    }
+}
