@@ -102,7 +102,7 @@ pub fn scenario_text(seed: u64) -> String {
     let nodes = 1 + pick(3);
     let gpus = [1, 2, 4][pick(3) as usize];
     let tp = if gpus > 1 && pick(3) == 0 { 2 } else { 1 };
-    let router = ["round-robin", "least-loaded"][pick(2) as usize];
+    let router = ["round-robin", "least-loaded", "kv-aware"][pick(3) as usize];
     let block = [8, 16][pick(2) as usize];
     // The tiny model's weights take about 5.5 MiB; 7 to 16 MiB of GPU memory per instance
     // leave KV for 700 to 5,000 tokens (2 KiB per token): batches preempt, and the longest

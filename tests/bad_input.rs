@@ -263,3 +263,19 @@ fn a_read_lease_must_be_finite_non_negative_and_at_most_an_hour() {
         assert_rejected(&text, "store.read_lease_ms", why);
     }
 }
+
+#[test]
+fn a_kv_overlap_weight_must_be_finite_and_non_negative() {
+    for v in ["-1.0", "nan", "inf", "1e7"] {
+        let text =
+            small_text().replace("[serving]", &format!("[serving]\nkv_overlap_weight = {v}"));
+        assert_rejected(
+            &text,
+            "serving.kv_overlap_weight",
+            "expected a number from 0 to 1e6",
+        );
+    }
+    let text = small_text().replace("router = \"least-loaded\"", "router = \"kv-aware\"");
+    let o = meshsim("check", &text);
+    assert_eq!(o.status, 0, "{}", o.stderr);
+}

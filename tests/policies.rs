@@ -146,7 +146,7 @@ fn a_store_under_memory_pressure_demotes_to_ssd_and_serves_from_it() {
     };
     w.dataset = meshsim::workload::qa::Dataset::Wikiqa;
     w.requests = 600;
-    s.serving.instance.num_blocks = 1_000; // small GPU caches: the store must serve
+    s.serving.instance.num_blocks = 700; // 11k tokens: about five 2k-token contexts
     let tensor = s.store.tensor_tokens as u64 * s.model.kv_bytes_per_token();
     s.store.host_capacity_bytes = 40 * tensor;
     s.store.ssd_capacity_bytes = 120 * tensor;
@@ -188,6 +188,49 @@ fn layerwise_loading_shortens_the_mean_ttft_of_store_policies() {
             "{policy:?}: mean TTFT layerwise {} ms, none {} ms",
             ttft[1],
             ttft[0]
+        );
+    }
+}
+
+#[test]
+fn kv_aware_routing_sends_shared_prefixes_back_where_they_are_cached() {
+    // Round-robin spreads the questions of a context over every instance, so each instance
+    // prefills every context, and with GPU caches that hold a few contexts each, evicts them
+    // before they come back; a KV-aware router sends them where the context already is.
+    // (With caches that hold every context, as in the plain small scenario, both routers hit
+    // alike: measured 0.909 against 0.903, and the mean TTFT is then a matter of balance.)
+    // Measured here: hit ratio 0.855 against 0.662, mean TTFT 38.4 ms against 62.4 ms.
+    let mut s = common::small();
+    s.serving.instance.num_blocks = 700; // 11k tokens: about five 2k-token contexts
+    s.serving.router = meshsim::serving::router::RouterStrategy::RoundRobin;
+    let t = Arc::new(trace(&s).unwrap());
+    let rr = simulate(&s, t.clone(), PolicyKind::LocalPrefix).unwrap();
+    s.serving.router = meshsim::serving::router::RouterStrategy::KvAware;
+    let kv = simulate(&s, t.clone(), PolicyKind::LocalPrefix).unwrap();
+    assert!(kv.report.records.iter().all(|r| r.completed()));
+    assert!(
+        kv.summary.prefix_hit_ratio > rr.summary.prefix_hit_ratio,
+        "hit ratio: kv-aware {} round-robin {}",
+        kv.summary.prefix_hit_ratio,
+        rr.summary.prefix_hit_ratio
+    );
+    assert!(kv.summary.ttft.mean < rr.summary.ttft.mean);
+    // It still spreads the load: every instance serves requests.
+    let mut used = std::collections::BTreeSet::new();
+    for r in &kv.report.records {
+        used.insert(r.instance);
+    }
+    assert_eq!(used.len(), 4, "{used:?}");
+    // It works with every policy.
+    for policy in [
+        PolicyKind::Vanilla,
+        PolicyKind::EvoStore,
+        PolicyKind::PtStore,
+    ] {
+        let run = simulate(&s, t.clone(), policy).unwrap();
+        assert!(
+            run.report.records.iter().all(|r| r.completed()),
+            "{policy:?}"
         );
     }
 }

@@ -8,6 +8,7 @@
 pub(crate) mod block_pool;
 pub mod chaos;
 pub mod instance;
+pub mod kv_routing;
 pub mod msg;
 pub mod policy;
 pub mod router;

@@ -3,7 +3,8 @@
 //!
 //! Assignment strategies: `round-robin` cycles through the instances; `least-loaded` picks the
 //! instance with the fewest requests the router has sent it that are not yet finished (ties go
-//! to the lowest index). The router only knows what it has been told by messages, as a real
+//! to the lowest index); `kv-aware` weighs the prompt blocks each instance would have to
+//! prefill against its load ([`super::kv_routing`]). The router only knows what it has been told by messages, as a real
 //! router would. Arrivals are chained timers (one pending at a time), so the event queue
 //! holds the requests in flight, not the whole trace.
 //!
@@ -16,6 +17,7 @@
 use std::sync::Arc;
 
 use super::Msg;
+use super::kv_routing::KvRouting;
 use crate::actor::{Actor, ActorId, Context, unexpected};
 use crate::metrics::{Report, RequestRecord};
 use crate::workload::{ReqId, Trace};
@@ -26,6 +28,7 @@ use crate::workload::{ReqId, Trace};
 pub enum RouterStrategy {
     RoundRobin,
     LeastLoaded,
+    KvAware,
 }
 
 /// Bytes per token id on the wire.
@@ -46,6 +49,8 @@ pub struct Router {
     nodes: Vec<u32>,
     alive: Vec<bool>,
     failovers: u64,
+    /// What the router knows of each instance's KV cache (`kv-aware` only).
+    kv: Option<KvRouting>,
 }
 
 impl Router {
@@ -75,7 +80,14 @@ impl Router {
             alive: vec![true; nodes.len()],
             nodes,
             failovers: 0,
+            kv: None,
         }
+    }
+
+    /// Routes by [`KvRouting`]'s score (the strategy must be `kv-aware`).
+    pub fn with_kv(mut self, kv: KvRouting) -> Router {
+        self.kv = Some(kv);
+        self
     }
 
     fn schedule_arrival(&self, next: u32, ctx: &mut dyn Context<Msg>) {
@@ -84,10 +96,17 @@ impl Router {
         }
     }
 
-    /// The instance for the next request, among the live ones; `None` when none is left.
-    fn pick(&mut self) -> Option<usize> {
+    /// The instance for `req`, among the live ones; `None` when none is left.
+    fn pick(&mut self, req: ReqId) -> Option<usize> {
         let n = self.instances.len();
         match self.strategy {
+            RouterStrategy::KvAware if self.kv.is_some() => {
+                let kv = self.kv.as_mut().expect("checked");
+                let mut hashes = Vec::new();
+                self.trace
+                    .block_hashes(req, kv.block_size() as usize, &mut hashes);
+                kv.pick(hashes, &self.alive)
+            }
             RouterStrategy::RoundRobin => {
                 // Bounded: at most one round over the instances.
                 for _ in 0..n {
@@ -99,7 +118,7 @@ impl Router {
                 }
                 None
             }
-            RouterStrategy::LeastLoaded => self
+            RouterStrategy::LeastLoaded | RouterStrategy::KvAware => self
                 .outstanding
                 .iter()
                 .enumerate()
@@ -111,11 +130,14 @@ impl Router {
 
     /// Sends `req` to a live instance, or fails it with `reason` when none is left.
     fn dispatch(&mut self, req: ReqId, reason: &str, ctx: &mut dyn Context<Msg>) {
-        let Some(i) = self.pick() else {
+        let Some(i) = self.pick(req) else {
             self.records[req.0 as usize].failed = Some(reason.to_string());
             return;
         };
         let record = &mut self.records[req.0 as usize];
+        if let Some(kv) = &mut self.kv {
+            kv.sent(i, kv.blocks(record.prompt_tokens, record.output_tokens));
+        }
         self.outstanding[i] += 1;
         self.in_flight += 1;
         record.instance = i as u32;
@@ -132,6 +154,9 @@ impl Router {
                 continue;
             }
             self.alive[i] = false;
+            if let Some(kv) = &mut self.kv {
+                kv.lost(i);
+            }
             // Bounded by the trace: the records of the instance's requests in flight.
             for r in &self.records {
                 let in_flight = r.end.is_none() && !r.rejected && r.failed.is_none();
@@ -169,6 +194,10 @@ impl Router {
             Some(n) if *n > 0 && self.in_flight > 0 => {
                 *n -= 1;
                 self.in_flight -= 1;
+                if let Some(kv) = &mut self.kv {
+                    let r = &self.records[req.0 as usize];
+                    kv.ended(instance, kv.blocks(r.prompt_tokens, r.output_tokens));
+                }
             }
             _ => unexpected(
                 &mut self.violations,

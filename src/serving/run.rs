@@ -22,9 +22,10 @@ use crate::results::RunError;
 use crate::serving::Msg;
 use crate::serving::chaos::{Chaos, Targets};
 use crate::serving::instance::{Instance, StoreLink};
+use crate::serving::kv_routing::KvRouting;
 use crate::serving::policy::Policy;
 use crate::serving::policy::PolicyKind;
-use crate::serving::router::Router;
+use crate::serving::router::{Router, RouterStrategy};
 use crate::serving::scenario::Scenario;
 use crate::serving::store::StoreRules;
 use crate::serving::store::directory::{Directory, StoreParams};
@@ -130,12 +131,21 @@ pub fn simulate_checked(
     let nodes: Vec<u32> = (0..n)
         .map(|i| s.instance_place(i).node().unwrap_or(0))
         .collect();
-    let router = Router::new(
+    let mut router = Router::new(
         trace.clone(),
         instance_ids.clone(),
         nodes.clone(),
         s.serving.router,
     );
+    if s.serving.router == RouterStrategy::KvAware {
+        let cfg = &s.serving.instance;
+        router = router.with_kv(KvRouting::new(
+            n as usize,
+            cfg.num_blocks,
+            cfg.block_size,
+            s.serving.kv_overlap_weight,
+        ));
+    }
     let added = host.add(Box::new(router), Place::Frontend);
     debug_assert_eq!(added, router_id);
     for i in 0..n {

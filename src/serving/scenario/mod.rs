@@ -34,6 +34,9 @@ use workload::workload;
 pub struct Serving {
     pub tensor_parallel: u32,
     pub router: RouterStrategy,
+    /// `kv-aware` routing: weight of the blocks to prefill against the load (see
+    /// [`crate::serving::kv_routing`]).
+    pub kv_overlap_weight: f64,
     pub instance: InstanceConfig,
     pub iteration_overhead: Nanos,
 }
@@ -294,9 +297,17 @@ fn serving(
             ),
         ));
     }
+    let w = s.kv_overlap_weight;
+    if !(w.is_finite() && (0.0..=1e6).contains(&w)) {
+        return Err(c.err(
+            "serving.kv_overlap_weight",
+            format!("expected a number from 0 to 1e6, found {w}"),
+        ));
+    }
     Ok(Serving {
         tensor_parallel: tp,
         router: s.router,
+        kv_overlap_weight: w,
         instance: InstanceConfig {
             block_size,
             num_blocks,

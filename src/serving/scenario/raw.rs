@@ -127,6 +127,8 @@ pub struct RawServing {
     pub memory_reserve_gib: f64,
     pub iteration_overhead_us: f64,
     pub max_waiting_requests: u32,
+    /// `kv-aware` routing's weight of the blocks to prefill against the load.
+    pub kv_overlap_weight: f64,
 }
 
 impl Default for RawServing {
@@ -142,6 +144,7 @@ impl Default for RawServing {
             memory_reserve_gib: 4.0,
             iteration_overhead_us: 1000.0,
             max_waiting_requests: 100_000,
+            kv_overlap_weight: 1.0,
         }
     }
 }
