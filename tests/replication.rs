@@ -6,21 +6,10 @@ mod common;
 
 use std::sync::Arc;
 
-use meshsim::hash::{ROOT_PARENT, block_hash};
 use meshsim::serving::run::{simulate, trace};
-use meshsim::serving::store::directory::{Directory, Location, StoreParams, TensorId};
+use meshsim::serving::store::directory::{Directory, Location, StoreParams};
 use meshsim::serving::store::eviction::Eviction;
 use meshsim::{PolicyKind, Tier};
-
-fn chain(n: u32) -> Vec<TensorId> {
-    let mut parent = ROOT_PARENT;
-    (0..n)
-        .map(|i| {
-            parent = block_hash(parent, &[i]);
-            parent
-        })
-        .collect()
-}
 
 #[test]
 fn a_replicated_prefix_is_read_from_the_local_replica() {
@@ -39,7 +28,7 @@ fn a_replicated_prefix_is_read_from_the_local_replica() {
         recompute_base_ns: 1e6,
         recompute_per_index_ns: 1e4,
     });
-    let c = chain(6);
+    let c = common::chain(&[0, 1, 2, 3, 4, 5]);
     d.insert(&c, 0);
     // First read from node 1: remote, not yet hot.
     let plan = d.lookup(&c, 0, 1);

@@ -12,25 +12,15 @@
 //! ancestor of the batch ([`adding_replicas_never_evicts_an_ancestor_of_the_batch`]); its
 //! shrunk case is kept in the regressions file.
 
+mod common;
 mod oracle;
 
-use meshsim::hash::{ROOT_PARENT, block_hash};
+use common::chain;
 use meshsim::serving::store::directory::{Directory, Location, StoreEvent, StoreParams, TensorId};
 use meshsim::serving::store::eviction::Eviction;
 use oracle::Oracle;
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
-
-fn chain(symbols: &[u8]) -> Vec<TensorId> {
-    let mut parent = ROOT_PARENT;
-    symbols
-        .iter()
-        .map(|&s| {
-            parent = block_hash(parent, &[s as u32]);
-            parent
-        })
-        .collect()
-}
 
 #[derive(Debug, Clone)]
 enum Op {

@@ -5,24 +5,15 @@
 //! stored prefix against brute force, and that the owned cache and the replica cache never
 //! evict from each other.
 
+mod common;
+
 use std::collections::BTreeSet;
 
-use meshsim::hash::{ROOT_PARENT, block_hash};
+use common::chain;
 use meshsim::serving::store::directory::{Directory, StoreEvent, StoreParams, TensorId};
 use meshsim::serving::store::eviction::Eviction;
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
-
-fn chain(symbols: &[u8]) -> Vec<TensorId> {
-    let mut parent = ROOT_PARENT;
-    symbols
-        .iter()
-        .map(|&s| {
-            parent = block_hash(parent, &[s as u32]);
-            parent
-        })
-        .collect()
-}
 
 #[derive(Debug, Clone)]
 enum Op {

@@ -5,12 +5,27 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use meshsim::Scenario;
+use meshsim::hash::{ROOT_PARENT, block_hash};
 use meshsim::serving::run::{PolicyRun, simulate_all, trace, write_results};
+use meshsim::serving::store::directory::TensorId;
 
 pub fn data(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data")
         .join(name)
+}
+
+/// The store's tensor ids of a prompt made of `symbols`, one symbol per chunk (ids are the
+/// chained hashes of the prefix up to each chunk, as the serving instance makes them).
+pub fn chain(symbols: &[u8]) -> Vec<TensorId> {
+    let mut parent = ROOT_PARENT;
+    symbols
+        .iter()
+        .map(|&s| {
+            parent = block_hash(parent, &[s as u32]);
+            parent
+        })
+        .collect()
 }
 
 pub fn small() -> Scenario {

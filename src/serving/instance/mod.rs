@@ -353,13 +353,18 @@ impl Instance {
         }
     }
 
-    fn preempt(&mut self, mut seq: Seq) {
-        self.abandon_load(&mut seq);
+    /// Gives `seq`'s KV blocks back to the pool: what they held must be computed again.
+    fn release_blocks(&mut self, seq: &mut Seq) {
         self.pool.release(&seq.blocks);
         seq.blocks.clear();
         seq.computed = 0;
         seq.scheduled = 0;
         seq.registered = 0;
+    }
+
+    fn preempt(&mut self, mut seq: Seq) {
+        self.abandon_load(&mut seq);
+        self.release_blocks(&mut seq);
         // The loaded prefix went with the blocks: what the GPU cache no longer holds is
         // recomputed on re-admission.
         seq.load_start = 0;

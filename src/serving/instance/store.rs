@@ -210,11 +210,7 @@ impl Instance {
             }
             let mut seq = self.parked.remove(i);
             self.lose_load(&mut seq);
-            self.pool.release(&seq.blocks);
-            seq.blocks.clear();
-            seq.computed = 0;
-            seq.scheduled = 0;
-            seq.registered = 0;
+            self.release_blocks(&mut seq);
             self.waiting.push_front(seq);
         }
         for i in (0..self.running.len()).rev() {

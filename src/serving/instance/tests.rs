@@ -119,6 +119,24 @@ fn trace(lens: &[u32], out: u32) -> Arc<Trace> {
     })
 }
 
+/// Two requests with the same `tokens`-token prompt, both arriving at 0, 2 output tokens.
+fn prompt_twice(tokens: u32) -> Arc<Trace> {
+    let mut arena = TokenArena::default();
+    let seg = arena.push(0..tokens);
+    let r = Request {
+        arrival: Nanos::ZERO,
+        segments: vec![seg],
+        prompt_tokens: tokens,
+        output_tokens: 2,
+        context: 0,
+    };
+    Arc::new(Trace {
+        arena,
+        requests: vec![r.clone(), r],
+        contexts: 1,
+    })
+}
+
 fn instance(
     trace: Arc<Trace>,
     policy: Arc<dyn Policy>,
@@ -217,22 +235,7 @@ fn when_blocks_run_out_the_newest_sequence_is_preempted_and_still_finishes() {
 fn a_repeated_prompt_reuses_its_blocks_but_recomputes_its_last_token() {
     // The same 64-token prompt twice: the second reuses 3 of its 4 blocks (48 tokens);
     // the last block holds the last prompt token, which must be recomputed.
-    let t = {
-        let mut arena = TokenArena::default();
-        let seg = arena.push(0..64);
-        let r = Request {
-            arrival: Nanos::ZERO,
-            segments: vec![seg],
-            prompt_tokens: 64,
-            output_tokens: 2,
-            context: 0,
-        };
-        Arc::new(Trace {
-            arena,
-            requests: vec![r.clone(), r],
-            contexts: 1,
-        })
-    };
+    let t = prompt_twice(64);
     let mut s = script();
     let mut i = instance(t, Arc::new(LocalPrefix), 100, 1024, &s);
     i.handle(Msg::Submit(ReqId(0)), &mut s);
@@ -539,22 +542,7 @@ fn parked_and_running_sequences_together_are_at_most_max_num_seqs() {
 fn a_plan_the_gpu_cache_covers_by_admission_time_is_not_loaded() {
     // Two requests with one 272-token prompt: the second's lookup finds the store's copy,
     // but by its admission the first has computed the prompt into the GPU cache.
-    let t = {
-        let mut arena = TokenArena::default();
-        let seg = arena.push(0..272);
-        let r = Request {
-            arrival: Nanos::ZERO,
-            segments: vec![seg],
-            prompt_tokens: 272,
-            output_tokens: 2,
-            context: 0,
-        };
-        Arc::new(Trace {
-            arena,
-            requests: vec![r.clone(), r],
-            contexts: 1,
-        })
-    };
+    let t = prompt_twice(272);
     let mut s = script();
     let mut i = store_instance_with(t, LoadOverlap::None, 100, 1024, true, &s);
     submit_with(&mut i, &mut s, 0, Box::default());

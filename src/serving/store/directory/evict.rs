@@ -28,7 +28,7 @@ impl Directory {
             // leaf is (the one of highest index has no child there: a pinned or leased child
             // would pin or lease it, as pins and leases are closed under parents).
             let (leases, now) = (&self.leases, self.now_ns);
-            let leased = |id: u64| leases.get(&id).is_some_and(|&until| until > now);
+            let leased = |id: u64| lease_held(leases, now, id);
             let eligible = |id: u64| !pinned.contains(&id) && !leased(id) && tensors[&id].is_leaf();
             let Some((victim, access)) = q.pop_entry_where(eligible) else {
                 return false;
@@ -49,7 +49,7 @@ impl Directory {
             ..
         } = &mut self.servers[node as usize];
         let (leases, now) = (&self.leases, self.now_ns);
-        let leased = |id: u64| leases.get(&id).is_some_and(|&until| until > now);
+        let leased = |id: u64| lease_held(leases, now, id);
         let eligible = |id: u64| !keep.contains(&id) && !leased(id) && replicas[&id].kids == 0;
         let Some(id) = replica_q.pop_first_where(eligible) else {
             return false;
@@ -148,7 +148,7 @@ impl Directory {
             let tensors = &self.tensors;
             let q = &mut self.servers[node as usize].ssd_q;
             let (leases, now) = (&self.leases, self.now_ns);
-            let leased = |id: u64| leases.get(&id).is_some_and(|&until| until > now);
+            let leased = |id: u64| lease_held(leases, now, id);
             let eligible = |v: u64| !pinned.contains(&v) && !leased(v) && tensors[&v].is_leaf();
             let Some(victim) = q.pop_first_where(eligible) else {
                 // Nothing on SSD may go (there is nothing, or only pinned tensors): the

@@ -356,9 +356,7 @@ impl Directory {
 
     /// Whether `id` holds an unexpired read lease.
     pub fn leased(&self, id: TensorId) -> bool {
-        self.leases
-            .get(&id)
-            .is_some_and(|&until| until > self.now_ns)
+        lease_held(&self.leases, self.now_ns, id)
     }
 
     /// Finds the stored prefix of `chain` for a reader on `reader`, and plans loading the
@@ -541,6 +539,12 @@ impl Directory {
         }
         out
     }
+}
+
+/// Whether `id` holds a lease in `leases` that has not expired at `now_ns` (a free function,
+/// so that victim filters can call it while a server's queue is borrowed).
+fn lease_held(leases: &HashMap<TensorId, u64, IdBuildHasher>, now_ns: u64, id: TensorId) -> bool {
+    leases.get(&id).is_some_and(|&until| until > now_ns)
 }
 
 mod check;
