@@ -194,6 +194,46 @@ impl Experiment {
     }
 }
 
+impl Experiment {
+    /// For `meshsim check`: builds the trace of a serving scenario (of each sweep point) and
+    /// writes its length, prefix-reuse potential and context reuse; nothing for pipelines.
+    pub fn describe_traces(&self, out: &mut impl std::io::Write) -> Result<(), String> {
+        let Experiment::Serving(s) = self else {
+            return Ok(());
+        };
+        let points: Vec<(&str, &Scenario)> = if s.points.is_empty() {
+            vec![("", s)]
+        } else {
+            s.points
+                .iter()
+                .map(|p| (p.label.as_str(), &p.scenario))
+                .collect()
+        };
+        for (label, s) in points {
+            let trace = crate::serving::run::trace(s).map_err(|e| e.to_string())?;
+            let bs = s.serving.instance.block_size;
+            let st = crate::workload::stats::TraceStats::of(&trace, bs, &[]);
+            let at = if label.is_empty() {
+                String::new()
+            } else {
+                format!(" [{label}]")
+            };
+            let line = format!(
+                "  trace{at}: {} requests over {:.1} s, prompts mean {:.0} tokens (max {}); \
+                 {:.1}% of prompt tokens in blocks of {bs} seen before\n    {}\n",
+                st.requests,
+                st.duration_s,
+                st.prompt.mean,
+                st.prompt.max,
+                100.0 * st.unbounded_hit_ratio,
+                st.reuse_line()
+            );
+            out.write_all(line.as_bytes()).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+}
+
 fn describe_serving(s: &Scenario) -> String {
     let mut o = String::new();
     let inst = s.serving.instance;

@@ -18,6 +18,9 @@ pub mod streams {
     pub const WORKLOAD_ORDER: u64 = 2;
     pub const WORKLOAD_ARRIVALS: u64 = 3;
     pub const WORKLOAD_OUTPUTS: u64 = 4;
+    pub const WORKLOAD_POPULARITY: u64 = 5;
+    pub const WORKLOAD_TURNS: u64 = 6;
+    pub const WORKLOAD_ANSWERS: u64 = 7;
     pub const ACTOR_BASE: u64 = 1 << 32;
 }
 

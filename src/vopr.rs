@@ -137,6 +137,7 @@ pub fn scenario_text(seed: u64) -> String {
     let faults = faults_text(&mut pick, nodes, gpus, span_ms);
     // Drawn last, so that the choices above stay those of earlier versions of the VOPR.
     let overlap = ["none", "layerwise"][pick(2) as usize];
+    let (order, reuse) = reuse_text(&mut pick, order);
     let mut t = String::new();
     let _ = write!(
         t,
@@ -178,14 +179,13 @@ max_waiting_requests = {waiting}
 dataset = "{dataset}"
 requests = {requests}
 arrival_rate_per_s = {rate}.0
-order = "{order}"
-context = "window"
+{order}context = "window"
 context_tokens = {context}
 system_prompt_tokens = {system}
 
 [workload.output_tokens]
 {output}
-
+{reuse}
 [store]
 tensor_tokens = {tensor_tokens}
 host_capacity_gib = {host_gib:.9}
@@ -212,6 +212,36 @@ consolidate = {consolidate}
         nic = [25, 100, 200][(seed % 3) as usize],
     );
     t
+}
+
+/// Half the time, a `[workload.reuse]` table (and then no `order`): few contexts, popularity
+/// uniform or Zipf, sometimes a reuse distance, 1 to 3 turns. Returns the `order` line and the
+/// table.
+fn reuse_text(pick: &mut dyn FnMut(u64) -> u64, order: &str) -> (String, String) {
+    if pick(2) == 0 {
+        return (format!("order = \"{order}\"\n"), String::new());
+    }
+    let mut t = format!("\n[workload.reuse]\ncontexts = {}\n", 1 + pick(12));
+    if pick(2) == 0 {
+        let _ = writeln!(
+            t,
+            "popularity = \"zipf\"\nzipf_alpha = {:.1}",
+            pick(25) as f64 / 10.0
+        );
+    }
+    if pick(3) == 0 {
+        let _ = writeln!(t, "reuse_distance = {}.0", pick(6));
+    }
+    if pick(2) == 0 {
+        let _ = writeln!(t, "questions_per_context = {}", 1 + pick(4));
+    }
+    let _ = writeln!(
+        t,
+        "turns = {}\nturn_gap_s = {:.2}",
+        1 + pick(3),
+        pick(200) as f64 / 100.0
+    );
+    (String::new(), t)
 }
 
 /// The `[workload.output_tokens]` table of a VOPR scenario.

@@ -279,3 +279,113 @@ fn a_kv_overlap_weight_must_be_finite_and_non_negative() {
     let o = meshsim("check", &text);
     assert_eq!(o.status, 0, "{}", o.stderr);
 }
+
+/// `small.toml` with a `[workload.reuse]` table of `lines`.
+fn with_reuse(lines: &str) -> String {
+    format!("{}\n[workload.reuse]\n{lines}\n", small_text())
+}
+
+#[test]
+fn reuse_knobs_out_of_range_are_rejected_with_their_key() {
+    for (lines, key, why) in [
+        (
+            "popularity = \"zipf\"",
+            "workload.reuse",
+            "missing field `contexts`",
+        ),
+        (
+            "contexts = 0",
+            "workload.reuse.contexts",
+            "expected an integer from 1 to",
+        ),
+        (
+            "contexts = 2000000",
+            "workload.reuse.contexts",
+            "expected an integer from 1 to",
+        ),
+        (
+            "contexts = 10\npopularity = \"zipf\"",
+            "workload.reuse",
+            "missing field `zipf_alpha`",
+        ),
+        (
+            "contexts = 10\nzipf_alpha = 1.0",
+            "workload.reuse.zipf_alpha",
+            "only used with popularity = \"zipf\"",
+        ),
+        (
+            "contexts = 10\npopularity = \"zipf\"\nzipf_alpha = nan",
+            "workload.reuse.zipf_alpha",
+            "expected zero or a positive number",
+        ),
+        (
+            "contexts = 10\npopularity = \"zipf\"\nzipf_alpha = 11.0",
+            "workload.reuse.zipf_alpha",
+            "expected at most 10",
+        ),
+        (
+            "contexts = 10\npopularity = \"pareto\"",
+            "workload.reuse.popularity",
+            "unknown variant",
+        ),
+        (
+            "contexts = 10\nreuse_distance = -1.0",
+            "workload.reuse.reuse_distance",
+            "expected zero or a positive number",
+        ),
+        (
+            "contexts = 10\nreuse_distance = inf",
+            "workload.reuse.reuse_distance",
+            "expected zero or a positive number",
+        ),
+        (
+            "contexts = 10\nturns = 0",
+            "workload.reuse.turns",
+            "expected an integer from 1 to 256",
+        ),
+        (
+            "contexts = 10\nturn_gap_s = 1e9",
+            "workload.reuse.turn_gap_s",
+            "expected at most 86400 s",
+        ),
+        (
+            "contexts = 10\nquestions_per_context = 0",
+            "workload.reuse.questions_per_context",
+            "expected an integer from 1 to",
+        ),
+        (
+            "contexts = 10\nhot = true",
+            "workload.reuse",
+            "unknown field `hot`",
+        ),
+    ] {
+        assert_rejected(&with_reuse(lines), key, why);
+    }
+}
+
+#[test]
+fn reuse_decides_the_order_so_order_is_refused_with_it() {
+    let text = with_reuse("contexts = 10").replace(
+        "context = \"window\"",
+        "context = \"window\"\norder = \"grouped\"",
+    );
+    assert_rejected(&text, "workload.order", "not used with [workload.reuse]");
+}
+
+#[test]
+fn turns_whose_prompts_outgrow_the_model_context_are_refused() {
+    // 2k-token windows plus 256 turns of questions and answers of up to 64 tokens each: more
+    // than Mistral-7B's 32k context.
+    assert_rejected(
+        &with_reuse("contexts = 10\nturns = 256"),
+        "workload.reuse.turns",
+        "do not fit in the context of",
+    );
+    let o = meshsim(
+        "check",
+        &with_reuse(
+            "contexts = 10\nturns = 4\npopularity = \"zipf\"\nzipf_alpha = 0.9\nreuse_distance = 3.0",
+        ),
+    );
+    assert_eq!(o.status, 0, "{}", o.stderr);
+}

@@ -152,6 +152,46 @@ fn squad_windows_are_real_long_contexts_shared_by_their_questions() {
 }
 
 #[test]
+fn a_squad_replay_draws_its_contexts_from_a_pool_with_zipf_popularity_and_turns() {
+    use meshsim::workload::reuse::{Popularity, Reuse};
+    let mut spec = ReplaySpec::new(Source::SquadJson, datasets().join("squad/dev-v1.1.json"));
+    spec.tokenizer = Some(mistral());
+    spec.max_requests = Some(2_000);
+    spec.qa.context = meshsim::workload::qa::ContextMode::Window { tokens: 4096 };
+    spec.qa.reuse = Some(Reuse {
+        questions_per_context: Some(5),
+        popularity: Popularity::Zipf { alpha: 1.0 },
+        turns: 2,
+        ..Reuse::uniform(100)
+    });
+    let l = replay::load(&spec, 3).unwrap();
+    let t = &l.trace;
+    assert_eq!((t.requests.len(), t.contexts), (2_000, 100));
+    // The dataset's real questions, at most five per window.
+    let mut questions = std::collections::BTreeMap::<u32, std::collections::BTreeSet<u32>>::new();
+    for r in &t.requests {
+        let q = r.segments.last().unwrap().0;
+        questions.entry(r.context).or_default().insert(q);
+    }
+    assert!(questions.values().all(|q| q.len() <= 5));
+    // Zipf: the most asked window gets far more than the 1 % of a uniform draw.
+    let top = questions
+        .keys()
+        .map(|c| t.requests.iter().filter(|r| r.context == *c).count())
+        .max()
+        .unwrap();
+    assert!(top > 200, "{top}");
+    let st = TraceStats::of(t, 16, &[]);
+    assert!(st.revisits > 1_800, "{}", st.revisits);
+    assert!(st.prompt.max < 4096 + 2 * 200 + 512, "{:?}", st.prompt);
+    // More contexts than the dataset has is an error naming the key.
+    spec.qa.reuse = Some(Reuse::uniform(100_000));
+    let e = replay::load(&spec, 3).unwrap_err();
+    assert_eq!(e.field, "reuse.contexts", "{e}");
+    assert!(e.message.contains("the dataset has"), "{e}");
+}
+
+#[test]
 fn the_same_seed_gives_the_same_trace_and_another_seed_another_order() {
     let mut spec = ReplaySpec::new(Source::SquadJson, datasets().join("squad/dev-v1.1.json"));
     spec.max_requests = Some(100);
@@ -601,6 +641,10 @@ fn keys_that_do_not_apply_to_a_source_are_rejected() {
             "workload.source",
         ),
         ("source = \"nope\"\npath = \"x\"", "workload.source"),
+        (
+            "source = \"mooncake-jsonl\"\npath = \"x\"\n[workload.reuse]\ncontexts = 3",
+            "workload.reuse",
+        ),
     ] {
         let e = Scenario::parse("r.toml", "r", &scenario_with(w)).unwrap_err();
         assert_eq!(e.key, key, "{w}: {e}");

@@ -14,6 +14,10 @@ pub(crate) fn check(scenario: &Path) -> ExitCode {
     match Experiment::load(scenario) {
         Ok(x) => {
             print!("{}", x.describe());
+            if let Err(e) = x.describe_traces(&mut std::io::stdout()) {
+                eprintln!("error: {e}");
+                return ExitCode::from(super::EXIT_BAD_INPUT);
+            }
             println!("ok");
             ExitCode::SUCCESS
         }

@@ -172,6 +172,7 @@ fn trace_stats(load: &LoadArgs, lru: &[u64], block_size: Option<u32>) -> ExitCod
     for (cap, hit) in &st.lru_hit_ratio {
         println!("    LRU cache of {cap} tokens: {:.2}%", 100.0 * hit);
     }
+    println!("  {}", st.reuse_line());
     eprintln!(
         "  (loaded in {loaded_s:.2} s, analysed in {:.2} s)",
         started.elapsed().as_secs_f64() - loaded_s

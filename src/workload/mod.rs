@@ -12,6 +12,7 @@
 mod error;
 pub mod qa;
 pub mod replay;
+pub mod reuse;
 pub mod stats;
 pub mod tokenize;
 

@@ -17,10 +17,14 @@
 //! (paragraph or document, `context = "unit"`) or the *window* of consecutive units of its
 //! article that contains it (`context = "window"`): an article is cut greedily into windows of
 //! at most `context_tokens` tokens, so every question about a window shares the window as a
-//! prefix. Questions are asked once each, shuffled with the seed or grouped by article.
-//! Arrivals are a Poisson process; output lengths follow the configured distribution.
+//! prefix. Questions are asked once each, shuffled with the seed or grouped by article;
+//! with a [`Reuse`] (`[workload.reuse]`), requests are instead drawn from a pool of the
+//! corpus's first contexts, with a popularity, a reuse distance and multi-turn conversations
+//! (see [`super::reuse`]). Arrivals are a Poisson process; output lengths follow the
+//! configured distribution.
 //! Token ids are uniform over the model's vocabulary (ids 0-2 are reserved for special tokens).
 
+use super::reuse::{self, Arrivals, PoolContext, Reuse};
 use super::{ReqId, Request, SegId, TokenArena, Trace};
 use crate::rng::{Stream, streams};
 use crate::units::Nanos;
@@ -57,6 +61,14 @@ pub enum OutputDist {
 }
 
 impl OutputDist {
+    /// The longest output the distribution gives.
+    pub fn max(&self) -> u32 {
+        match *self {
+            OutputDist::Fixed { tokens } => tokens,
+            OutputDist::Uniform { max, .. } | OutputDist::LogNormal { max, .. } => max,
+        }
+    }
+
     pub fn sample(&self, rng: &mut Stream) -> u32 {
         match *self {
             OutputDist::Fixed { tokens } => tokens,
@@ -78,6 +90,8 @@ pub struct QaWorkload {
     pub context: ContextMode,
     pub system_prompt_tokens: u32,
     pub output: OutputDist,
+    /// Draws requests from a pool of contexts instead of asking each question once.
+    pub reuse: Option<Reuse>,
 }
 
 impl QaWorkload {
@@ -94,9 +108,19 @@ impl QaWorkload {
             ContextMode::Unit => unit,
             ContextMode::Window { tokens } => tokens.max(unit),
         };
-        self.system_prompt_tokens
-            .saturating_add(context)
-            .saturating_add(shape.question_tokens.3)
+        match &self.reuse {
+            None => self
+                .system_prompt_tokens
+                .saturating_add(context)
+                .saturating_add(shape.question_tokens.3),
+            Some(r) => reuse::max_prompt_tokens(
+                r,
+                self.system_prompt_tokens,
+                context,
+                shape.question_tokens.3,
+                self.output.max(),
+            ),
+        }
     }
 }
 
@@ -130,6 +154,65 @@ fn random_tokens(rng: &mut Stream, n: u32, vocab: u32) -> impl Iterator<Item = u
     (0..n).map(move |_| 3 + rng.below(vocab as u64 - 3) as u32)
 }
 
+/// A generated corpus: the system prompt, the contexts and the questions about them.
+struct Corpus {
+    arena: TokenArena,
+    system: SegId,
+    /// Segments and tokens of each context.
+    contexts: Vec<(Vec<SegId>, u32)>,
+    /// `(context, question segment, question tokens)`, in corpus order.
+    questions: Vec<(u32, SegId, u32)>,
+}
+
+/// Generates articles (groups of units) until `enough` says the corpus is large enough.
+fn corpus(
+    w: &QaWorkload,
+    shape: &Shape,
+    vocab: u32,
+    rng: &mut Stream,
+    enough: impl Fn(&Corpus) -> bool,
+) -> Corpus {
+    let mut arena = TokenArena::default();
+    let system = arena.push(random_tokens(rng, w.system_prompt_tokens, vocab));
+    let mut c = Corpus {
+        arena,
+        system,
+        contexts: Vec::new(),
+        questions: Vec::new(),
+    };
+    // Bounded: every group adds at least one context and one question, and `enough` asks for
+    // at most `MAX_REQUESTS` questions or `reuse::MAX_CONTEXTS` contexts.
+    while !enough(&c) {
+        let units = clamped_lognormal(rng, shape.units_per_group);
+        let mut open: Option<u32> = None;
+        for _ in 0..units {
+            let len = clamped_lognormal(rng, shape.unit_tokens);
+            let seg = c.arena.push(random_tokens(rng, len, vocab));
+            let ctx = match (w.context, open) {
+                (ContextMode::Window { tokens }, Some(ctx))
+                    if c.contexts[ctx as usize].1 + len <= tokens =>
+                {
+                    ctx
+                }
+                _ => {
+                    c.contexts.push((Vec::new(), 0));
+                    c.contexts.len() as u32 - 1
+                }
+            };
+            open = Some(ctx);
+            c.contexts[ctx as usize].0.push(seg);
+            c.contexts[ctx as usize].1 += len;
+            let asked = 1 + rng.poisson(shape.extra_questions_per_unit);
+            for _ in 0..asked {
+                let qlen = clamped_lognormal(rng, shape.question_tokens);
+                let q = c.arena.push(random_tokens(rng, qlen, vocab));
+                c.questions.push((ctx, q, qlen));
+            }
+        }
+    }
+    c
+}
+
 /// Generates the trace of `w` for a model with `vocab` tokens, from `seed`.
 pub fn generate(w: &QaWorkload, vocab: u32, seed: u64) -> Trace {
     let shape = match w.dataset {
@@ -137,42 +220,17 @@ pub fn generate(w: &QaWorkload, vocab: u32, seed: u64) -> Trace {
         Dataset::Wikiqa => &WIKIQA,
     };
     let mut rng = Stream::new(seed, streams::WORKLOAD_DATASET);
-    let mut arena = TokenArena::default();
-    let system = arena.push(random_tokens(&mut rng, w.system_prompt_tokens, vocab));
-    let mut contexts: Vec<Vec<SegId>> = Vec::new();
-    let mut context_tokens: Vec<u32> = Vec::new();
-    // (context, question segment), in corpus order.
-    let mut questions: Vec<(u32, SegId, u32)> = Vec::new();
-    // Bounded: every group adds at least one question.
-    while questions.len() < w.requests as usize {
-        let units = clamped_lognormal(&mut rng, shape.units_per_group);
-        let mut open: Option<u32> = None;
-        for _ in 0..units {
-            let len = clamped_lognormal(&mut rng, shape.unit_tokens);
-            let seg = arena.push(random_tokens(&mut rng, len, vocab));
-            let ctx = match (w.context, open) {
-                (ContextMode::Window { tokens }, Some(c))
-                    if context_tokens[c as usize] + len <= tokens =>
-                {
-                    c
-                }
-                _ => {
-                    contexts.push(Vec::new());
-                    context_tokens.push(0);
-                    contexts.len() as u32 - 1
-                }
-            };
-            open = Some(ctx);
-            contexts[ctx as usize].push(seg);
-            context_tokens[ctx as usize] += len;
-            let asked = 1 + rng.poisson(shape.extra_questions_per_unit);
-            for _ in 0..asked {
-                let qlen = clamped_lognormal(&mut rng, shape.question_tokens);
-                let q = arena.push(random_tokens(&mut rng, qlen, vocab));
-                questions.push((ctx, q, qlen));
-            }
-        }
+    if let Some(reuse) = &w.reuse {
+        return generate_reused(w, reuse, shape, vocab, seed, &mut rng);
     }
+    let Corpus {
+        arena,
+        system,
+        contexts,
+        mut questions,
+    } = corpus(w, shape, vocab, &mut rng, |c| {
+        c.questions.len() >= w.requests as usize
+    });
     if w.order == Order::Shuffled {
         Stream::new(seed, streams::WORKLOAD_ORDER).shuffle(&mut questions);
     }
@@ -185,14 +243,15 @@ pub fn generate(w: &QaWorkload, vocab: u32, seed: u64) -> Trace {
         .iter()
         .map(|&(ctx, q, qlen)| {
             t += arrivals.exponential(w.arrival_rate_per_s);
-            let mut segments = Vec::with_capacity(contexts[ctx as usize].len() + 2);
+            let (ctx_segs, ctx_tokens) = &contexts[ctx as usize];
+            let mut segments = Vec::with_capacity(ctx_segs.len() + 2);
             segments.push(system);
-            segments.extend_from_slice(&contexts[ctx as usize]);
+            segments.extend_from_slice(ctx_segs);
             segments.push(q);
             Request {
                 arrival: Nanos::from_secs_f64(t),
                 segments,
-                prompt_tokens: w.system_prompt_tokens + context_tokens[ctx as usize] + qlen,
+                prompt_tokens: w.system_prompt_tokens + ctx_tokens + qlen,
                 output_tokens: w.output.sample(&mut outputs),
                 context: ctx,
             }
@@ -202,6 +261,70 @@ pub fn generate(w: &QaWorkload, vocab: u32, seed: u64) -> Trace {
         arena,
         requests,
         contexts: contexts.len() as u32,
+    }
+}
+
+/// The trace of `w` under `reuse`: a pool of the corpus's first `reuse.contexts` contexts,
+/// with their own questions or `questions_per_context` new ones each (see [`super::reuse`]).
+fn generate_reused(
+    w: &QaWorkload,
+    reuse: &Reuse,
+    shape: &Shape,
+    vocab: u32,
+    seed: u64,
+    rng: &mut Stream,
+) -> Trace {
+    let n = reuse.contexts as usize;
+    let Corpus {
+        mut arena,
+        system,
+        contexts,
+        questions,
+    } = corpus(w, shape, vocab, rng, |c| c.contexts.len() >= n);
+    let mut pool: Vec<PoolContext> = contexts
+        .into_iter()
+        .take(n)
+        .map(|(segments, tokens)| PoolContext {
+            segments,
+            tokens,
+            questions: Vec::new(),
+        })
+        .collect();
+    match reuse.questions_per_context {
+        None => {
+            for (ctx, q, qlen) in questions {
+                if let Some(c) = pool.get_mut(ctx as usize) {
+                    c.questions.push((q, qlen));
+                }
+            }
+        }
+        Some(k) => {
+            for c in &mut pool {
+                for _ in 0..k {
+                    let qlen = clamped_lognormal(rng, shape.question_tokens);
+                    c.questions
+                        .push((arena.push(random_tokens(rng, qlen, vocab)), qlen));
+                }
+            }
+        }
+    }
+    let requests = reuse::requests(
+        reuse,
+        &pool,
+        &mut arena,
+        Some((system, w.system_prompt_tokens)),
+        &Arrivals {
+            requests: w.requests,
+            rate_per_s: w.arrival_rate_per_s,
+            output: &w.output,
+            vocab,
+            seed,
+        },
+    );
+    Trace {
+        arena,
+        requests,
+        contexts: pool.len() as u32,
     }
 }
 
@@ -234,6 +357,7 @@ mod tests {
             context,
             system_prompt_tokens: 32,
             output: OutputDist::Fixed { tokens: 8 },
+            reuse: None,
         }
     }
 
@@ -303,5 +427,37 @@ mod tests {
         };
         assert_eq!(key(&a), key(&b));
         assert_ne!(key(&a), key(&c));
+    }
+
+    #[test]
+    fn a_reuse_pool_has_the_contexts_and_questions_asked_for() {
+        let reuse = Reuse {
+            questions_per_context: Some(3),
+            popularity: reuse::Popularity::Zipf { alpha: 1.2 },
+            turns: 2,
+            ..Reuse::uniform(40)
+        };
+        let w = QaWorkload {
+            reuse: Some(reuse),
+            ..squad(2_000, ContextMode::Window { tokens: 2048 })
+        };
+        let t = generate(&w, 32_000, 7);
+        assert_eq!((t.requests.len(), t.contexts), (2_000, 40));
+        assert!(t.requests.iter().all(|r| r.context < 40));
+        // Three distinct questions per context (in either turn).
+        let mut asked = std::collections::BTreeMap::<u32, std::collections::BTreeSet<SegId>>::new();
+        for r in &t.requests {
+            asked
+                .entry(r.context)
+                .or_default()
+                .insert(*r.segments.last().unwrap());
+        }
+        let popular = asked.values().map(|q| q.len()).max().unwrap();
+        assert_eq!(popular, 3);
+        let longest = t.requests.iter().map(|r| r.prompt_tokens).max().unwrap();
+        assert!(longest <= w.max_prompt_tokens());
+        for id in t.ids().take(200) {
+            assert_eq!(t.prompt(id).count() as u32, t.request(id).prompt_tokens);
+        }
     }
 }

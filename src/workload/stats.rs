@@ -244,9 +244,28 @@ pub struct TraceStats {
     pub unbounded_hit_ratio: f64,
     /// `(capacity in tokens, hit ratio)`.
     pub lru_hit_ratio: Vec<(u64, f64)>,
+    /// Requests about a context an earlier request was about.
+    pub revisits: u64,
+    /// Their reuse distances: distinct other contexts since that context's previous request
+    /// (see [`crate::workload::reuse::reuse_distances`]).
+    pub reuse_distance: LenDist,
 }
 
 impl TraceStats {
+    /// One line on how requests come back to their contexts.
+    pub fn reuse_line(&self) -> String {
+        let d = &self.reuse_distance;
+        let share = 100.0 * self.revisits as f64 / self.requests.max(1) as f64;
+        if self.revisits == 0 {
+            return format!("contexts {}: no request revisits a context", self.contexts);
+        }
+        format!(
+            "contexts {}: {:.1}% of requests revisit one; reuse distance (distinct contexts \
+             since its last request) mean {:.1}, p50 {}, p90 {}, p99 {}, max {}",
+            self.contexts, share, d.mean, d.p50, d.p90, d.p99, d.max
+        )
+    }
+
     pub fn of(trace: &Trace, block_size: u32, lru_capacities: &[u64]) -> TraceStats {
         let r = &trace.requests;
         let duration_s = match (r.first(), r.last()) {
@@ -254,6 +273,7 @@ impl TraceStats {
             _ => 0.0,
         };
         let blocks = Blocks::of(trace, block_size);
+        let distances = super::reuse::reuse_distances(r.iter().map(|r| r.context));
         TraceStats {
             requests: r.len() as u64,
             contexts: trace.contexts,
@@ -271,6 +291,8 @@ impl TraceStats {
                 .iter()
                 .map(|&c| (c, blocks.lru_hit_ratio(c)))
                 .collect(),
+            revisits: distances.len() as u64,
+            reuse_distance: LenDist::of(distances),
         }
     }
 }

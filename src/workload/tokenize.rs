@@ -59,6 +59,14 @@ impl Tokenizer {
         matches!(self, Tokenizer::Exact(_))
     }
 
+    /// Size of the vocabulary the ids are drawn from.
+    pub fn vocab(&self) -> u32 {
+        match self {
+            Tokenizer::Exact(t) => t.get_vocab_size(true) as u32,
+            Tokenizer::Estimate => PSEUDO_VOCAB,
+        }
+    }
+
     /// The token ids of `text`.
     pub fn encode(&self, text: &str) -> Vec<u32> {
         match self {

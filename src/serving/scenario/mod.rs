@@ -157,11 +157,23 @@ fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenar
     if let WorkloadSpec::Generated(w) = &workload
         && u64::from(w.max_prompt_tokens()) > model.max_context
     {
+        let turns = w.reuse.as_ref().map_or(1, |r| r.turns);
+        let (key, parts) = if turns > 1 {
+            (
+                "workload.reuse.turns",
+                format!("system prompt, context, and {turns} turns of questions and answers"),
+            )
+        } else {
+            (
+                "workload.context_tokens",
+                "system prompt, context and question".to_string(),
+            )
+        };
         return Err(c.err(
-            "workload.context_tokens",
+            key,
             format!(
-                "prompts of up to {} tokens (system prompt, context and question) do not fit in \
-                 the context of {} ({} tokens)",
+                "prompts of up to {} tokens ({parts}) do not fit in the context of {} ({} \
+                 tokens)",
                 w.max_prompt_tokens(),
                 model.name,
                 model.max_context

@@ -188,6 +188,27 @@ pub struct RawWorkload {
     pub context_tokens: Option<u32>,
     pub system_prompt_tokens: Option<u32>,
     pub output_tokens: Option<RawOutput>,
+    pub reuse: Option<RawReuse>,
+}
+
+/// `[workload.reuse]`: a pool of contexts, their popularity, reuse distance and turns.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawReuse {
+    pub contexts: Option<u32>,
+    pub questions_per_context: Option<u32>,
+    pub popularity: Option<RawPopularity>,
+    pub zipf_alpha: Option<f64>,
+    pub reuse_distance: Option<f64>,
+    pub turns: Option<u32>,
+    pub turn_gap_s: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RawPopularity {
+    Uniform,
+    Zipf,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]

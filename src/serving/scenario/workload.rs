@@ -4,10 +4,113 @@
 use super::raw::*;
 use std::path::Path;
 
-use crate::scenario::{Check, MAX_REQUESTS, MAX_TOKENS, ScenarioError};
+use crate::scenario::{Check, MAX_REQUESTS, MAX_TOKENS, ScenarioError, non_negative};
 use crate::workload::WorkloadSpec;
 use crate::workload::qa::{ContextMode, Dataset, Order, OutputDist, QaWorkload};
 use crate::workload::replay::{DEFAULT_SYSTEM_PROMPT, QaOptions, ReplaySpec, Source};
+use crate::workload::reuse::{self, Popularity, Reuse};
+
+/// Largest Zipf exponent: beyond it nearly every request is about the most popular context.
+const MAX_ZIPF_ALPHA: f64 = 10.0;
+
+/// `[workload.reuse]`, validated; `order` must then be absent (the pool decides the order).
+fn reuse_table(c: &Check, w: &RawWorkload) -> Result<Option<Reuse>, ScenarioError> {
+    let Some(r) = &w.reuse else {
+        return Ok(None);
+    };
+    if w.order.is_some() {
+        return Err(c.err(
+            "workload.order",
+            "not used with [workload.reuse]: popularity and reuse_distance decide which \
+             context each request is about",
+        ));
+    }
+    let contexts = c.count(
+        "workload.reuse.contexts",
+        r.contexts.ok_or_else(|| {
+            c.err(
+                "workload.reuse",
+                "missing field `contexts` (the number of distinct contexts)",
+            )
+        })?,
+        reuse::MAX_CONTEXTS,
+    )?;
+    let questions_per_context = match r.questions_per_context {
+        Some(q) => Some(c.count(
+            "workload.reuse.questions_per_context",
+            q,
+            reuse::MAX_QUESTIONS_PER_CONTEXT,
+        )?),
+        None => None,
+    };
+    let popularity = match (r.popularity.unwrap_or(RawPopularity::Uniform), r.zipf_alpha) {
+        (RawPopularity::Uniform, None) => Popularity::Uniform,
+        (RawPopularity::Uniform, Some(_)) => {
+            return Err(c.err(
+                "workload.reuse.zipf_alpha",
+                "only used with popularity = \"zipf\"",
+            ));
+        }
+        (RawPopularity::Zipf, None) => {
+            return Err(c.err(
+                "workload.reuse",
+                "missing field `zipf_alpha` (popularity = \"zipf\" needs its exponent)",
+            ));
+        }
+        (RawPopularity::Zipf, Some(alpha)) => {
+            let alpha = non_negative(c, "workload.reuse.zipf_alpha", alpha)?;
+            if alpha > MAX_ZIPF_ALPHA {
+                return Err(c.err(
+                    "workload.reuse.zipf_alpha",
+                    format!("expected at most {MAX_ZIPF_ALPHA}, found {alpha}"),
+                ));
+            }
+            Popularity::Zipf { alpha }
+        }
+    };
+    let reuse_distance = match r.reuse_distance {
+        Some(d) => {
+            let d = non_negative(c, "workload.reuse.reuse_distance", d)?;
+            if d > reuse::MAX_REUSE_DISTANCE {
+                return Err(c.err(
+                    "workload.reuse.reuse_distance",
+                    format!(
+                        "expected at most {:e}, found {d}",
+                        reuse::MAX_REUSE_DISTANCE
+                    ),
+                ));
+            }
+            Some(d)
+        }
+        None => None,
+    };
+    let turns = c.count(
+        "workload.reuse.turns",
+        r.turns.unwrap_or(1),
+        reuse::MAX_TURNS,
+    )?;
+    let turn_gap_s = match r.turn_gap_s {
+        Some(g) => {
+            let g = non_negative(c, "workload.reuse.turn_gap_s", g)?;
+            if g > reuse::MAX_TURN_GAP_S {
+                return Err(c.err(
+                    "workload.reuse.turn_gap_s",
+                    format!("expected at most {} s, found {g}", reuse::MAX_TURN_GAP_S),
+                ));
+            }
+            g
+        }
+        None => reuse::DEFAULT_TURN_GAP_S,
+    };
+    Ok(Some(Reuse {
+        contexts,
+        questions_per_context,
+        popularity,
+        reuse_distance,
+        turns,
+        turn_gap_s,
+    }))
+}
 
 fn output_dist(c: &Check, o: &RawOutput) -> Result<OutputDist, ScenarioError> {
     Ok(match *o {
@@ -140,6 +243,7 @@ fn generated(
         context,
         system_prompt_tokens,
         output,
+        reuse: reuse_table(c, w)?,
     }))
 }
 
@@ -186,9 +290,11 @@ fn replay(
                     .as_ref()
                     .ok_or_else(|| missing("output_tokens"))?,
             )?,
+            reuse: reuse_table(c, w)?,
         }
     } else {
         for (key, set) in [
+            ("reuse", w.reuse.is_some()),
             ("tokenizer", w.tokenizer.is_some()),
             ("system_prompt", w.system_prompt.is_some()),
             ("arrival_rate_per_s", w.arrival_rate_per_s.is_some()),

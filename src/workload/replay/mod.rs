@@ -29,6 +29,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::qa::{ContextMode, Order, OutputDist};
+use super::reuse::{self, Arrivals, PoolContext, Reuse};
 use super::tokenize::{PSEUDO_VOCAB, Tokenizer};
 use super::{Request, SegId, TokenArena, Trace, TraceError};
 use crate::hash::pseudo_tokens;
@@ -112,6 +113,9 @@ pub struct QaOptions {
     /// Text of the system prompt that opens every prompt (empty: none).
     pub system_prompt: String,
     pub output: OutputDist,
+    /// Draws requests from a pool of the dataset's first contexts instead of asking each
+    /// question once (see [`crate::workload::reuse`]).
+    pub reuse: Option<Reuse>,
 }
 
 impl Default for QaOptions {
@@ -122,6 +126,7 @@ impl Default for QaOptions {
             context: ContextMode::Unit,
             system_prompt: DEFAULT_SYSTEM_PROMPT.to_string(),
             output: OutputDist::Fixed { tokens: 64 },
+            reuse: None,
         }
     }
 }
@@ -190,7 +195,7 @@ pub fn load(spec: &ReplaySpec, seed: u64) -> Result<Loaded, TraceError> {
                     wikiqa::read(&spec.path, spec.skip_bad_lines)?
                 };
                 let tok = Tokenizer::load(spec.tokenizer.as_deref())?;
-                let mut l = corpus.build(&tok, &spec.qa, spec.max_requests, seed);
+                let mut l = corpus.build(&spec.path, &tok, &spec.qa, spec.max_requests, seed)?;
                 l.source = spec.source;
                 l
             }
@@ -348,11 +353,15 @@ impl Corpus {
     /// questions are about are tokenised.
     pub fn build(
         &self,
+        path: &Path,
         tok: &Tokenizer,
         qa: &QaOptions,
         max_requests: Option<u32>,
         seed: u64,
-    ) -> Loaded {
+    ) -> Result<Loaded, TraceError> {
+        if let Some(reuse) = &qa.reuse {
+            return self.build_reused(path, tok, qa, reuse, max_requests, seed);
+        }
         // (document, question index), in document order.
         let mut asked: Vec<(u32, u32)> = self
             .documents
@@ -424,12 +433,17 @@ impl Corpus {
                 context: ctx,
             });
         }
+        Ok(self.loaded(arena, requests, contexts.len() as u32))
+    }
+
+    /// The loaded trace of this corpus's `requests` over `arena`.
+    fn loaded(&self, arena: TokenArena, requests: Vec<Request>, contexts: u32) -> Loaded {
         let pseudo = vec![None; arena.segments()];
         Loaded {
             trace: Trace {
                 arena,
                 requests,
-                contexts: contexts.len() as u32,
+                contexts,
             },
             source: Source::SquadJson,
             block_size: 16,
@@ -440,6 +454,86 @@ impl Corpus {
             pseudo,
             lines: Vec::new(),
         }
+    }
+
+    /// The trace under `reuse`: a pool of the first `reuse.contexts` contexts (in file order)
+    /// that have questions, each with at most `questions_per_context` of its questions (in
+    /// file order); `max_requests` requests (default: as many as the dataset has questions).
+    fn build_reused(
+        &self,
+        path: &Path,
+        tok: &Tokenizer,
+        qa: &QaOptions,
+        reuse: &Reuse,
+        max_requests: Option<u32>,
+        seed: u64,
+    ) -> Result<Loaded, TraceError> {
+        let mut arena = TokenArena::default();
+        let system_tokens = tok.encode(&qa.system_prompt);
+        let system_len = system_tokens.len() as u32;
+        let system = (system_len > 0).then(|| (arena.push(system_tokens), system_len));
+        let cap = reuse.questions_per_context.unwrap_or(u32::MAX) as usize;
+        let mut pool: Vec<PoolContext> = Vec::new();
+        // Bounded by the corpus: each document is tokenised once.
+        for doc in &self.documents {
+            if pool.len() >= reuse.contexts as usize {
+                break;
+            }
+            let mut contexts: Vec<PoolContext> = Vec::new();
+            let mut of_unit = Vec::with_capacity(doc.units.len());
+            for text in &doc.units {
+                let ids = tok.encode(text);
+                let len = ids.len() as u32;
+                let seg = arena.push(ids);
+                let joins = matches!(
+                    (qa.context, contexts.last()),
+                    (ContextMode::Window { tokens }, Some(c)) if c.tokens + len <= tokens
+                );
+                if !joins {
+                    contexts.push(PoolContext::default());
+                }
+                let c = contexts.last_mut().expect("a context was just pushed");
+                c.segments.push(seg);
+                c.tokens += len;
+                of_unit.push(contexts.len() - 1);
+            }
+            for (unit, text) in &doc.questions {
+                let c = &mut contexts[of_unit[*unit as usize]];
+                if c.questions.len() < cap {
+                    let ids = tok.encode(text);
+                    let len = ids.len() as u32;
+                    c.questions.push((arena.push(ids), len));
+                }
+            }
+            pool.extend(contexts.into_iter().filter(|c| !c.questions.is_empty()));
+        }
+        pool.truncate(reuse.contexts as usize);
+        if pool.len() < reuse.contexts as usize {
+            return Err(TraceError::whole(
+                path,
+                "reuse.contexts",
+                format!(
+                    "the scenario asks for {} distinct contexts but the dataset has {} with \
+                     questions",
+                    reuse.contexts,
+                    pool.len()
+                ),
+            ));
+        }
+        let requests = reuse::requests(
+            reuse,
+            &pool,
+            &mut arena,
+            system,
+            &Arrivals {
+                requests: max_requests.unwrap_or(self.questions() as u32),
+                rate_per_s: qa.arrival_rate_per_s,
+                output: &qa.output,
+                vocab: tok.vocab(),
+                seed,
+            },
+        );
+        Ok(self.loaded(arena, requests, pool.len() as u32))
     }
 }
 
