@@ -60,16 +60,16 @@ const MOONCAKE: &str =
 fn check(p: &Published, meshsim: f64) -> f64 {
     let err = (meshsim - p.figure) / p.figure;
     println!(
-        "| {} | {} {} | {} | {:.4} {} | {:+.1} % | {:.0} % ({:?}) |",
+        "| {} | {} {} | {:.4} {} | {:+.1} % | {:.0} % | {:?} |  ({})",
         p.what,
         p.figure,
         p.unit,
-        p.source,
         meshsim,
         p.unit,
         100.0 * err,
         100.0 * p.tolerance,
-        p.verdict
+        p.verdict,
+        p.source
     );
     assert!(
         err.abs() <= p.tolerance,
