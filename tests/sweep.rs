@@ -65,3 +65,39 @@ fn a_bad_swept_value_names_its_point_and_key() {
     let e = swept("a = [1]\nb = [2]\nc = [3]").unwrap_err();
     assert!(e.to_string().contains("expected 1 to 2 keys"), "{e}");
 }
+
+#[test]
+fn keys_joined_by_an_ampersand_are_swept_together() {
+    let s = swept(
+        "\"hardware.nodes & workload.arrival_rate_per_s\" = [[1, 6.0], [2, 12.0]]\n\"serving.router\" = [\"round-robin\", \"kv-aware\"]",
+    )
+    .unwrap();
+    assert_eq!(s.points.len(), 4);
+    assert_eq!(
+        s.points[0].label,
+        "nodes=1 arrival_rate_per_s=6.0 router=round-robin"
+    );
+    let p = &s.points[3];
+    assert_eq!(p.label, "nodes=2 arrival_rate_per_s=12.0 router=kv-aware");
+    assert_eq!(p.scenario.hardware.nodes, 2);
+    match &p.scenario.workload {
+        meshsim::workload::WorkloadSpec::Generated(w) => assert_eq!(w.arrival_rate_per_s, 12.0),
+        other => panic!("{other:?}"),
+    }
+    // A value that is not one value per key names the axis and its line.
+    let e = swept("\"hardware.nodes & workload.arrival_rate_per_s\" = [[1, 6.0], 2]").unwrap_err();
+    assert!(e.to_string().contains("expected a list of 2 values"), "{e}");
+    assert!(e.line_col.is_some(), "{e:?}");
+    let e = swept("\"hardware.nodes & \" = [[1]]").unwrap_err();
+    assert!(e.to_string().contains("found an empty one"), "{e}");
+    // A bad value inside a tied axis names its own key and the point.
+    let e = swept("\"hardware.nodes & workload.arrival_rate_per_s\" = [[1, 6.0], [2, -1.0]]")
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("workload.arrival_rate_per_s"), "{msg}");
+    assert!(msg.contains("nodes=2 arrival_rate_per_s=-1.0"), "{msg}");
+    // Repeating a pair repeats a label.
+    let e = swept("\"hardware.nodes & workload.arrival_rate_per_s\" = [[1, 6.0], [1, 6.0]]")
+        .unwrap_err();
+    assert!(e.to_string().contains("listed twice"), "{e}");
+}

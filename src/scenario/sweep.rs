@@ -1,12 +1,17 @@
-//! `[sweep]`: a scenario file that varies up to [`super::MAX_SWEEP_AXES`] keys is expanded
-//! into one text per combination of values (the first key varies slowest), each validated as a
-//! whole scenario by its system; errors inside a point name the swept key and value where the
-//! file writes them.
+//! `[sweep]`: a scenario file that varies up to [`super::MAX_SWEEP_AXES`] axes is expanded
+//! into one text per combination of values (the first axis varies slowest), each validated as
+//! a whole scenario by its system; errors inside a point name the swept key and value where
+//! the file writes them. An axis is one key (`"workload.context_tokens" = [1024, 2048]`) or
+//! several keys set together (`"hardware.nodes & workload.arrival_rate_per_s" = [[2, 8.0],
+//! [4, 16.0]]`: weak scaling), each value then a list of one value per key.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
 
 use super::{MAX_SWEEP_AXES, MAX_SWEEP_POINTS, ScenarioError, line_col};
+
+/// Most keys one axis may set together (`"a & b & c"`).
+pub(crate) const MAX_TIED_KEYS: usize = 8;
 
 /// One point of a `[sweep]`: its label, its scenario text and its swept values.
 pub(crate) struct SweepText {
@@ -125,16 +130,75 @@ pub(crate) fn sweep_texts(
         toml::Value::String(s) => s.clone(),
         other => other.to_string(),
     };
-    let mut axes: Vec<(&str, &Vec<toml::Value>)> = Vec::new();
+    // (axis key as written, its keys, its values): a key `"a.b & c.d"` sets several keys
+    // together, each value a list of one value per key.
+    let mut axes: Vec<(&str, Vec<&str>, &Vec<toml::Value>)> = Vec::new();
     for (key, values) in sweep {
+        let keys: Vec<&str> = key.split('&').map(str::trim).collect();
+        if keys.iter().any(|k| k.is_empty()) {
+            return Err(err(
+                key,
+                "expected keys joined by `&`, found an empty one".into(),
+            ));
+        }
+        if keys.len() > MAX_TIED_KEYS {
+            return Err(err(
+                key,
+                format!(
+                    "expected at most {MAX_TIED_KEYS} keys swept together, found {}",
+                    keys.len()
+                ),
+            ));
+        }
         match values {
-            toml::Value::Array(v) if !v.is_empty() => axes.push((key, v)),
+            toml::Value::Array(v) if !v.is_empty() => {
+                if keys.len() > 1 {
+                    for (i, value) in v.iter().enumerate() {
+                        let fits = matches!(value, toml::Value::Array(a) if a.len() == keys.len());
+                        if !fits {
+                            let (w, at) = written(key, i, value);
+                            return Err(ScenarioError {
+                                line_col: at,
+                                ..err(
+                                    key,
+                                    format!(
+                                        "expected a list of {} values (one for each of {}), found \
+                                         {w}",
+                                        keys.len(),
+                                        keys.join(", ")
+                                    ),
+                                )
+                            });
+                        }
+                    }
+                }
+                axes.push((key, keys, v));
+            }
             _ => {
                 return Err(err(key, "expected a non-empty list of values".into()));
             }
         }
     }
-    for (key, values) in &axes {
+    // The keys a point sets and their values: one for a plain axis, several for a tied one.
+    let pairs = |keys: &[&str], v: &toml::Value| -> Vec<(String, toml::Value)> {
+        match (keys.len(), v) {
+            (1, _) => vec![(keys[0].to_string(), v.clone())],
+            (_, toml::Value::Array(a)) => keys
+                .iter()
+                .zip(a)
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
+            _ => unreachable!("tied values were checked to be lists"),
+        }
+    };
+    let label_of = |keys: &[&str], v: &toml::Value| -> String {
+        pairs(keys, v)
+            .iter()
+            .map(|(k, v)| format!("{}={}", k.rsplit('.').next().unwrap_or(k), shown(v)))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    for (key, keys, values) in &axes {
         for (i, v) in values.iter().enumerate() {
             if let Some(first) = values[..i].iter().position(|u| shown(u) == shown(v)) {
                 let (again, at) = written(key, i, v);
@@ -149,17 +213,16 @@ pub(crate) fn sweep_texts(
                     ..err(
                         key,
                         format!(
-                            "{again} is listed twice{before}: the label `{}={}` would name two \
+                            "{again} is listed twice{before}: the label `{}` would name two \
                              points",
-                            key.rsplit('.').next().unwrap_or(key),
-                            shown(v)
+                            label_of(keys, v)
                         ),
                     )
                 });
             }
         }
     }
-    let total: usize = axes.iter().map(|(_, v)| v.len()).product();
+    let total: usize = axes.iter().map(|(_, _, v)| v.len()).product();
     if total > MAX_SWEEP_POINTS {
         return Err(err(
             "",
@@ -176,22 +239,21 @@ pub(crate) fn sweep_texts(
         let mut label = Vec::new();
         let mut values = Vec::new();
         let mut rest = i;
-        for (key, list) in axes.iter().rev() {
+        for (key, keys, list) in axes.iter().rev() {
             let j = rest % list.len();
             let v = &list[j];
             rest /= list.len();
-            set_path(&mut t, key, v.clone()).map_err(|m| err(key, m))?;
-            label.push(format!(
-                "{}={}",
-                key.rsplit('.').next().unwrap_or(key),
-                shown(v)
-            ));
             let (written, at) = written(key, j, v);
-            values.push(SweptValue {
-                key: key.to_string(),
-                written,
-                at,
-            });
+            // Pushed in reverse, so that the reversal below puts a tied axis's keys in order.
+            for (k, value) in pairs(keys, v).into_iter().rev() {
+                set_path(&mut t, &k, value).map_err(|m| err(key, m))?;
+                values.push(SweptValue {
+                    key: k,
+                    written: written.clone(),
+                    at,
+                });
+            }
+            label.push(label_of(keys, v));
         }
         label.reverse();
         values.reverse();
