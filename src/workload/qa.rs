@@ -171,6 +171,7 @@ fn corpus(
     vocab: u32,
     rng: &mut Stream,
     enough: impl Fn(&Corpus) -> bool,
+    max_groups: usize,
 ) -> Corpus {
     let mut arena = TokenArena::default();
     let system = arena.push(random_tokens(rng, w.system_prompt_tokens, vocab));
@@ -180,9 +181,10 @@ fn corpus(
         contexts: Vec::new(),
         questions: Vec::new(),
     };
-    // Bounded: every group adds at least one context and one question, and `enough` asks for
-    // at most `MAX_REQUESTS` questions or `reuse::MAX_CONTEXTS` contexts.
-    while !enough(&c) {
+    // Bounded by `max_groups`; every group adds at least one context and one question.
+    let mut groups = 0;
+    while !enough(&c) && groups < max_groups {
+        groups += 1;
         let units = clamped_lognormal(rng, shape.units_per_group);
         let mut open: Option<u32> = None;
         for _ in 0..units {
@@ -228,9 +230,14 @@ pub fn generate(w: &QaWorkload, vocab: u32, seed: u64) -> Trace {
         system,
         contexts,
         mut questions,
-    } = corpus(w, shape, vocab, &mut rng, |c| {
-        c.questions.len() >= w.requests as usize
-    });
+    } = corpus(
+        w,
+        shape,
+        vocab,
+        &mut rng,
+        |c| c.questions.len() >= w.requests as usize,
+        usize::MAX,
+    );
     if w.order == Order::Shuffled {
         Stream::new(seed, streams::WORKLOAD_ORDER).shuffle(&mut questions);
     }
@@ -275,26 +282,39 @@ fn generate_reused(
     rng: &mut Stream,
 ) -> Trace {
     let n = reuse.contexts as usize;
+    let min = reuse.min_context_tokens;
+    // Long enough contexts only grow, so counting one as soon as it is long enough is right.
     let Corpus {
         mut arena,
         system,
         contexts,
         questions,
-    } = corpus(w, shape, vocab, rng, |c| c.contexts.len() >= n);
-    let mut pool: Vec<PoolContext> = contexts
-        .into_iter()
-        .take(n)
-        .map(|(segments, tokens)| PoolContext {
-            segments,
-            tokens,
-            questions: Vec::new(),
-        })
-        .collect();
+    } = corpus(
+        w,
+        shape,
+        vocab,
+        rng,
+        |c| c.contexts.iter().filter(|(_, t)| *t >= min).count() >= n,
+        n.saturating_mul(reuse::MAX_GROUPS_PER_CONTEXT),
+    );
+    // Corpus context -> pool index, for the first n long enough contexts.
+    let mut in_pool: Vec<Option<usize>> = vec![None; contexts.len()];
+    let mut pool: Vec<PoolContext> = Vec::with_capacity(n);
+    for (i, (segments, tokens)) in contexts.into_iter().enumerate() {
+        if tokens >= min && pool.len() < n {
+            in_pool[i] = Some(pool.len());
+            pool.push(PoolContext {
+                segments,
+                tokens,
+                questions: Vec::new(),
+            });
+        }
+    }
     match reuse.questions_per_context {
         None => {
             for (ctx, q, qlen) in questions {
-                if let Some(c) = pool.get_mut(ctx as usize) {
-                    c.questions.push((q, qlen));
+                if let Some(i) = in_pool[ctx as usize] {
+                    pool[i].questions.push((q, qlen));
                 }
             }
         }
@@ -459,5 +479,28 @@ mod tests {
         for id in t.ids().take(200) {
             assert_eq!(t.prompt(id).count() as u32, t.request(id).prompt_tokens);
         }
+    }
+
+    #[test]
+    fn a_minimum_context_length_keeps_short_windows_out_of_the_pool() {
+        let window = ContextMode::Window { tokens: 8192 };
+        let pool = |min: u32| {
+            let w = QaWorkload {
+                reuse: Some(Reuse {
+                    min_context_tokens: min,
+                    ..Reuse::uniform(100)
+                }),
+                ..squad(1_000, window)
+            };
+            generate(&w, 32_000, 11)
+        };
+        let (all, long) = (pool(0), pool(6144));
+        assert_eq!((all.contexts, long.contexts), (100, 100));
+        assert!(long.requests.iter().all(|r| r.prompt_tokens >= 32 + 6144));
+        let (a, l) = (all.mean_prompt_tokens(), long.mean_prompt_tokens());
+        assert!(
+            a < 6_500.0 && l > 7_000.0,
+            "mean prompt {a} without, {l} with"
+        );
     }
 }

@@ -14,6 +14,9 @@
 //!   answer's tokens are seeded ids of the length the trace gives that turn's output. No
 //!   policy keeps the KV of generated tokens (caches and stores hold prompt blocks), so the
 //!   answer is prefilled in the next turn under every policy; the prompt before it is reused.
+//! * **Pool.** The first `contexts` contexts of at least `min_context_tokens` tokens (default
+//!   0) in corpus order: with 8k-token windows, leaving out the short last window of each
+//!   article keeps prompts near 8k.
 //! * **Questions.** Each turn asks its context's next question, round robin over the
 //!   context's questions: with `questions_per_context = Q` the `Q + 1`-th visit repeats the
 //!   first question (a repeated prompt, as in a FAQ service). The generator makes exactly `Q`
@@ -51,6 +54,12 @@ pub const MAX_QUESTIONS_PER_CONTEXT: u32 = 100_000;
 pub const MAX_TURN_GAP_S: f64 = 86_400.0;
 /// Largest mean reuse distance.
 pub const MAX_REUSE_DISTANCE: f64 = 1e9;
+/// Largest `min_context_tokens` as a fraction of the window: greedy windows longer than this
+/// are common, so the generator finds enough of them quickly.
+pub const MAX_MIN_CONTEXT_FRACTION: f64 = 0.75;
+/// Articles the generator makes per context asked for, at most, before it gives up looking for
+/// contexts of `min_context_tokens` (the pool is then smaller, and `Trace::contexts` says so).
+pub const MAX_GROUPS_PER_CONTEXT: usize = 64;
 /// Mean think time between turns when the scenario gives none, in seconds.
 pub const DEFAULT_TURN_GAP_S: f64 = 10.0;
 
@@ -66,6 +75,9 @@ pub enum Popularity {
 pub struct Reuse {
     /// Distinct contexts requests draw on.
     pub contexts: u32,
+    /// Contexts shorter than this many tokens are left out of the pool (0: none), so that a
+    /// pool of 8k-token windows does not include the short remainder of an article.
+    pub min_context_tokens: u32,
     /// Questions per context (generator: exactly; dataset: at most); `None`: the corpus's own.
     pub questions_per_context: Option<u32>,
     pub popularity: Popularity,
@@ -82,6 +94,7 @@ impl Reuse {
     pub fn uniform(contexts: u32) -> Reuse {
         Reuse {
             contexts,
+            min_context_tokens: 0,
             questions_per_context: None,
             popularity: Popularity::Uniform,
             reuse_distance: None,

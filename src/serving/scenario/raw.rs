@@ -196,6 +196,7 @@ pub struct RawWorkload {
 #[serde(deny_unknown_fields)]
 pub struct RawReuse {
     pub contexts: Option<u32>,
+    pub min_context_tokens: Option<u32>,
     pub questions_per_context: Option<u32>,
     pub popularity: Option<RawPopularity>,
     pub zipf_alpha: Option<f64>,

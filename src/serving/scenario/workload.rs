@@ -35,6 +35,31 @@ fn reuse_table(c: &Check, w: &RawWorkload) -> Result<Option<Reuse>, ScenarioErro
         })?,
         reuse::MAX_CONTEXTS,
     )?;
+    let min_context_tokens = match (
+        r.min_context_tokens,
+        w.context.unwrap_or_else(default_context),
+    ) {
+        (None, _) => 0,
+        (Some(_), RawContext::Unit) => {
+            return Err(c.err(
+                "workload.reuse.min_context_tokens",
+                "only used with context = \"window\"",
+            ));
+        }
+        (Some(m), RawContext::Window) => {
+            let window = w.context_tokens.unwrap_or_else(default_context_tokens);
+            let most = (window as f64 * reuse::MAX_MIN_CONTEXT_FRACTION) as u32;
+            if m > most {
+                return Err(c.err(
+                    "workload.reuse.min_context_tokens",
+                    format!(
+                        "expected at most {most} (3/4 of context_tokens = {window}), found {m}"
+                    ),
+                ));
+            }
+            m
+        }
+    };
     let questions_per_context = match r.questions_per_context {
         Some(q) => Some(c.count(
             "workload.reuse.questions_per_context",
@@ -104,6 +129,7 @@ fn reuse_table(c: &Check, w: &RawWorkload) -> Result<Option<Reuse>, ScenarioErro
     };
     Ok(Some(Reuse {
         contexts,
+        min_context_tokens,
         questions_per_context,
         popularity,
         reuse_distance,

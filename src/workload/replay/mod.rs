@@ -505,7 +505,11 @@ impl Corpus {
                     c.questions.push((arena.push(ids), len));
                 }
             }
-            pool.extend(contexts.into_iter().filter(|c| !c.questions.is_empty()));
+            pool.extend(
+                contexts
+                    .into_iter()
+                    .filter(|c| !c.questions.is_empty() && c.tokens >= reuse.min_context_tokens),
+            );
         }
         pool.truncate(reuse.contexts as usize);
         if pool.len() < reuse.contexts as usize {
@@ -514,9 +518,10 @@ impl Corpus {
                 "reuse.contexts",
                 format!(
                     "the scenario asks for {} distinct contexts but the dataset has {} with \
-                     questions",
+                     questions and at least {} tokens (reuse.min_context_tokens)",
                     reuse.contexts,
-                    pool.len()
+                    pool.len(),
+                    reuse.min_context_tokens
                 ),
             ));
         }
