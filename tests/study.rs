@@ -167,3 +167,33 @@ fn strong_skew_lets_the_gpu_caches_hold_the_popular_windows() {
     let uniform = "host_capacity_gib=256.0 zipf_alpha=0.0";
     assert!(s.ratio(uniform, "local-prefix", "ptstore", "p50") > 9.0);
 }
+
+#[test]
+fn conversations_raise_store_hits_everywhere_but_local_hits_only_with_kv_aware_routing() {
+    let s = Study::load("study_multiturn");
+    let hit = |router: &str, turns: u32, policy: &str| {
+        s.get(
+            &format!("router={router} turns={turns}"),
+            policy,
+            "prefix_hit_ratio",
+        )
+    };
+    let mean = |router: &str, turns: u32, policy: &str| {
+        s.get(
+            &format!("router={router} turns={turns}"),
+            policy,
+            "ttft_mean_ms",
+        )
+    };
+    for router in ["round-robin", "kv-aware"] {
+        assert!(hit(router, 8, "ptstore") > hit(router, 1, "ptstore") + 0.05);
+        assert!(mean(router, 8, "ptstore") < 0.85 * mean(router, 1, "ptstore"));
+    }
+    // Round-robin: the next turn lands elsewhere, so local hits stay flat.
+    assert!(
+        (hit("round-robin", 8, "local-prefix") - hit("round-robin", 1, "local-prefix")).abs()
+            < 0.05
+    );
+    assert!(hit("kv-aware", 8, "local-prefix") > hit("kv-aware", 1, "local-prefix") + 0.08);
+    assert!(mean("kv-aware", 8, "local-prefix") < 0.85 * mean("kv-aware", 1, "local-prefix"));
+}
