@@ -47,6 +47,24 @@ enum Command {
         /// clock) instead of the simulator; results go to results/<name>_live/ by default.
         #[arg(long)]
         live: bool,
+        /// Run only the K-th of N shares of the simulations (points x policies, dealt round
+        /// robin) and write a partial results folder (default results/<name>.share-K-of-N/);
+        /// `meshsim merge` assembles the shares.
+        #[arg(long, value_name = "K/N")]
+        points: Option<String>,
+    },
+    /// Assemble the partial results folders of `meshsim run --points K/N` (every share of one
+    /// run) into the results folder one run would have written.
+    Merge {
+        /// The shares' folders, in any order.
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
+        /// Write the results here instead of results/<name>/.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Print only errors.
+        #[arg(long, short)]
+        quiet: bool,
     },
     /// Redraw the plots and report.md of a results folder from its CSV files.
     Plot {
@@ -130,7 +148,9 @@ fn main() -> ExitCode {
         }
     };
     let quiet = match &cli.command {
-        Command::Run { quiet, .. } | Command::Plot { quiet, .. } => *quiet,
+        Command::Run { quiet, .. } | Command::Plot { quiet, .. } | Command::Merge { quiet, .. } => {
+            *quiet
+        }
         Command::Check { .. }
         | Command::Trace { .. }
         | Command::Profile(_)
@@ -149,7 +169,17 @@ fn main() -> ExitCode {
             threads,
             quiet,
             live,
-        } => cli::run::run(&scenario, seed, out, threads, quiet, live),
+            points,
+        } => cli::run::run(
+            &scenario,
+            seed,
+            out,
+            threads,
+            quiet,
+            live,
+            points.as_deref(),
+        ),
+        Command::Merge { dirs, out, quiet } => cli::run::merge(&dirs, out, quiet),
         Command::Trace { command } => cli::trace::trace(&command),
         Command::Check { scenario } => cli::run::check(&scenario),
         Command::Vopr {

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 use super::{EXIT_FAILED, bad, refused};
 use meshsim::experiment::Experiment;
 use meshsim::results::output;
+use meshsim::results::share::{self, Share, ShareRun};
+use meshsim::serving::run as serving_run;
 
 /// `meshsim check`: validate and describe, run nothing.
 pub(crate) fn check(scenario: &Path) -> ExitCode {
@@ -34,6 +36,7 @@ pub(crate) fn run(
     threads: Option<usize>,
     quiet: bool,
     live_flag: bool,
+    points: Option<&str>,
 ) -> ExitCode {
     let file = scenario.display().to_string();
     let mut x = match Experiment::load(scenario) {
@@ -48,6 +51,9 @@ pub(crate) fn run(
     }
     if let Err(e) = x.check_live(&file) {
         return bad(e);
+    }
+    if let Some(points) = points {
+        return run_share(&x, &file, points, out, threads, quiet);
     }
     let dir = out.unwrap_or_else(|| x.default_dir(live_flag));
     if let Err(e) = output::check_out_dir(&dir) {
@@ -120,6 +126,121 @@ pub(crate) fn run(
         );
     }
     ExitCode::SUCCESS
+}
+
+/// `meshsim run FILE --points K/N`: simulate one share of the run and write its partial
+/// results folder (default `results/<name>.share-K-of-N`), for `meshsim merge`.
+fn run_share(
+    x: &Experiment,
+    file: &str,
+    points: &str,
+    out: Option<PathBuf>,
+    threads: Option<usize>,
+    quiet: bool,
+) -> ExitCode {
+    let share = match Share::parse(points) {
+        Ok(s) => s,
+        Err(e) => return bad(e),
+    };
+    let s = match x {
+        Experiment::Serving(s) => s,
+        Experiment::Pipeline(_) => {
+            return bad(format!(
+                "{file}: --points splits serving scenarios only; a pipeline sweep runs whole"
+            ));
+        }
+    };
+    let jobs = serving_run::jobs(s);
+    if let Err(e) = share.check(jobs) {
+        return bad(e);
+    }
+    let dir = out.unwrap_or_else(|| {
+        Path::new("results").join(format!("{}.share-{}-of-{}", s.name, share.k, share.n))
+    });
+    if let Err(e) = output::check_out_dir(&dir) {
+        return refused(e);
+    }
+    if !quiet {
+        print!("{}", x.describe());
+    }
+    let started = Instant::now();
+    let threads =
+        threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let spinner = Spinner::start(!quiet, format!("simulating share {share} of the runs"));
+    let runs = serving_run::simulate_share(s, threads, Some(share));
+    spinner.stop();
+    let runs = match runs {
+        Ok(r) => r,
+        Err(e) if e.is_bad_input() => return bad(e),
+        Err(e) => {
+            eprintln!("error: {e}");
+            eprintln!(
+                "reproduce with: meshsim run {file} --points {share} --seed {}",
+                s.seed
+            );
+            return ExitCode::from(EXIT_FAILED);
+        }
+    };
+    let parts: Vec<ShareRun> = runs
+        .iter()
+        .map(|(i, r)| ShareRun {
+            index: *i,
+            point: r.summary.point.as_deref(),
+            policy: r.policy.name(),
+            records: &r.report.records,
+            summary: &r.summary,
+        })
+        .collect();
+    if let Err(e) = share::write_share(&s.name, s.seed, &s.text, share, jobs, &parts, &dir) {
+        eprintln!("error: cannot write results to {}: {e}", dir.display());
+        return ExitCode::from(EXIT_FAILED);
+    }
+    if !quiet {
+        for (_, r) in &runs {
+            println!("{}", x.console_line(&r.summary, r.wall));
+        }
+        println!(
+            "  share {share}: {} of {jobs} simulations in {:.2} s; partial results in {} \
+             (assemble every share with `meshsim merge`)",
+            runs.len(),
+            started.elapsed().as_secs_f64(),
+            dir.display()
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+/// `meshsim merge DIR... [--out DIR]`: assemble the shares of a run into its results folder
+/// (default `results/<name>`).
+pub(crate) fn merge(dirs: &[PathBuf], out: Option<PathBuf>, quiet: bool) -> ExitCode {
+    let out = match out {
+        Some(o) => o,
+        None => match share::run_name(dirs) {
+            Ok(name) => Path::new("results").join(name),
+            Err(e) => return bad(e),
+        },
+    };
+    if let Err(e) = output::check_out_dir(&out) {
+        return refused(e);
+    }
+    match share::merge(dirs, &out) {
+        Ok(w) => {
+            if !quiet {
+                println!(
+                    "merged {} shares into {} (plots and report.md drawn in {:.3} s)",
+                    dirs.len(),
+                    out.display(),
+                    w.plot_time.as_secs_f64()
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e @ share::MergeError::Bad(_)) => bad(e),
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(EXIT_FAILED)
+        }
+    }
 }
 
 /// A spinner on stdout while policies are simulated, shown only when stdout is a terminal and

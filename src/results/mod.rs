@@ -10,6 +10,7 @@ pub mod compare;
 mod files;
 pub mod output;
 pub mod plot;
+pub mod share;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

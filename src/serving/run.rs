@@ -282,6 +282,29 @@ fn run_jobs(jobs: &[Job], threads: usize) -> Vec<Result<PolicyRun, SimError>> {
 /// to `threads` simulations at once. Runs come back in order: points in sweep order, policies
 /// in scenario order; each is labelled with its point. Results do not depend on `threads`.
 pub fn simulate_experiment(s: &Scenario, threads: usize) -> Result<Vec<PolicyRun>, RunError> {
+    Ok(simulate_share(s, threads, None)?
+        .into_iter()
+        .map(|(_, r)| r)
+        .collect())
+}
+
+/// Simulations of the whole experiment: policies at every sweep point.
+pub fn jobs(s: &Scenario) -> usize {
+    if s.points.is_empty() {
+        s.policies.len()
+    } else {
+        s.points.iter().map(|p| p.scenario.policies.len()).sum()
+    }
+}
+
+/// Like [`simulate_experiment`], but only the jobs of `share` (all without one), each with its
+/// index in the whole run (see [`crate::results::share`]). Traces are built only for the
+/// points the share simulates.
+pub fn simulate_share(
+    s: &Scenario,
+    threads: usize,
+    share: Option<crate::results::share::Share>,
+) -> Result<Vec<(usize, PolicyRun)>, RunError> {
     let points: Vec<(Option<&str>, &Scenario)> = if s.points.is_empty() {
         vec![(None, s)]
     } else {
@@ -290,16 +313,27 @@ pub fn simulate_experiment(s: &Scenario, threads: usize) -> Result<Vec<PolicyRun
             .map(|p| (Some(p.label.as_str()), &p.scenario))
             .collect()
     };
+    let owns = |i: usize| share.is_none_or(|sh| sh.owns(i));
     let mut jobs: Vec<Job> = Vec::new();
+    let mut index: Vec<usize> = Vec::new();
+    let mut i = 0;
     for (label, sc) in &points {
-        let t = Arc::new(trace(sc)?);
-        for &p in &sc.policies {
-            jobs.push((*label, *sc, t.clone(), p));
+        let mine: Vec<usize> = (i..i + sc.policies.len()).filter(|&j| owns(j)).collect();
+        if !mine.is_empty() {
+            let t = Arc::new(trace(sc)?);
+            for (j, &p) in sc.policies.iter().enumerate() {
+                if owns(i + j) {
+                    jobs.push((*label, *sc, t.clone(), p));
+                    index.push(i + j);
+                }
+            }
         }
+        i += sc.policies.len();
     }
     run_jobs(&jobs, threads)
         .into_iter()
-        .map(|r| r.map_err(RunError::from))
+        .zip(index)
+        .map(|(r, i)| r.map(|r| (i, r)).map_err(RunError::from))
         .collect()
 }
 

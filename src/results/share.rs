@@ -1,0 +1,413 @@
+//! Shares of a run, for spreading a sweep over the nodes of a cluster.
+//!
+//! A run's simulations (every policy at every sweep point, in that order: job `i`) are dealt
+//! round robin into `n` shares: share `k` (1-based) holds the jobs `i` with `i % n == k - 1`,
+//! so shares of a sweep whose points differ in cost get similar mixes. `meshsim run FILE
+//! --points K/N` simulates one share and writes a **partial results folder**: the run's
+//! `scenario.toml`, the share's rows of `requests.csv` and `summary.csv` (same columns, jobs in
+//! run order), and `share.toml`, which names the share, the run's job count and the rows of
+//! each job. `meshsim merge DIR...` checks that the folders are the `n` shares of one run
+//! (identical `scenario.toml`, each share once, each job where it belongs, row counts as
+//! declared), splices their rows back into run order and writes exactly the folder one run
+//! would have written, plots and report included (`tests/shares.rs` compares the bytes).
+//!
+//! Every simulation is deterministic and depends only on the scenario, the seed and its point
+//! and policy, so a job's rows are the same bytes whichever share computes them.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::Written;
+use crate::metrics::write::{write_requests, write_summary};
+use crate::metrics::{RequestRecord, Summary};
+
+/// Name of a share's manifest in its folder.
+pub const MANIFEST: &str = "share.toml";
+/// Version of the manifest's format.
+const FORMAT: u32 = 1;
+/// Most shares a run may be split into.
+pub const MAX_SHARES: u32 = 100_000;
+
+/// Which share of a run to simulate: the `k`-th (1-based) of `n`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Share {
+    pub k: u32,
+    pub n: u32,
+}
+
+impl Share {
+    /// Parses `K/N` (1 <= K <= N <= [`MAX_SHARES`]).
+    pub fn parse(text: &str) -> Result<Share, String> {
+        let bad = || format!("--points {text:?}: expected K/N with 1 <= K <= N <= {MAX_SHARES}");
+        let (k, n) = text.split_once('/').ok_or_else(bad)?;
+        let (k, n): (u32, u32) = (
+            k.trim().parse().map_err(|_| bad())?,
+            n.trim().parse().map_err(|_| bad())?,
+        );
+        if k == 0 || k > n || n > MAX_SHARES {
+            return Err(bad());
+        }
+        Ok(Share { k, n })
+    }
+
+    /// Whether job `i` of the run belongs to this share.
+    pub fn owns(&self, job: usize) -> bool {
+        job % self.n as usize == (self.k - 1) as usize
+    }
+
+    /// Checks that a run of `jobs` simulations gives every share at least one.
+    pub fn check(&self, jobs: usize) -> Result<(), String> {
+        if self.n as usize > jobs {
+            return Err(format!(
+                "--points {}/{}: the run has {jobs} simulations (points x policies), fewer than \
+                 {} shares; use at most {jobs}",
+                self.k, self.n, self.n
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Share {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.k, self.n)
+    }
+}
+
+/// `share.toml`.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Manifest {
+    format: u32,
+    /// The run's name (its default results folder).
+    name: String,
+    /// The run's seed (`--seed` may differ from the scenario's).
+    seed: u64,
+    share: u32,
+    of: u32,
+    /// Simulations in the whole run.
+    jobs: u32,
+    /// The share's jobs, in run order.
+    job: Vec<JobRows>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JobRows {
+    index: u32,
+    /// Rows of `requests.csv` that the job wrote.
+    requests: u64,
+}
+
+/// One simulation of a share: its index in the run, sweep point, policy, records, summary.
+pub struct ShareRun<'a> {
+    pub index: usize,
+    pub point: Option<&'a str>,
+    pub policy: &'a str,
+    pub records: &'a [RequestRecord],
+    pub summary: &'a Summary,
+}
+
+/// Writes the partial results folder of `share` (see the module doc) into `dir`, replacing
+/// it atomically like a results folder.
+pub fn write_share(
+    name: &str,
+    seed: u64,
+    text: &str,
+    share: Share,
+    jobs: usize,
+    runs: &[ShareRun],
+    dir: &Path,
+) -> std::io::Result<()> {
+    let manifest = Manifest {
+        format: FORMAT,
+        name: name.to_string(),
+        seed,
+        share: share.k,
+        of: share.n,
+        jobs: jobs as u32,
+        job: runs
+            .iter()
+            .map(|r| JobRows {
+                index: r.index as u32,
+                requests: r.records.len() as u64,
+            })
+            .collect(),
+    };
+    let manifest = format!(
+        "# A share of a meshsim run (meshsim run --points {share}); `meshsim merge` assembles \
+         the shares.\n{}",
+        toml::to_string(&manifest).map_err(std::io::Error::other)?
+    );
+    crate::results::output::replace_dir_atomically(dir, |tmp| {
+        std::fs::write(tmp.join("scenario.toml"), text)?;
+        let records: Vec<(Option<&str>, &str, &[RequestRecord])> = runs
+            .iter()
+            .map(|r| (r.point, r.policy, r.records))
+            .collect();
+        let f = std::io::BufWriter::new(std::fs::File::create(tmp.join("requests.csv"))?);
+        write_requests(f, &records).map_err(std::io::Error::other)?;
+        let summaries: Vec<Summary> = runs.iter().map(|r| r.summary.clone()).collect();
+        let f = std::io::BufWriter::new(std::fs::File::create(tmp.join("summary.csv"))?);
+        write_summary(f, &summaries).map_err(std::io::Error::other)?;
+        std::fs::write(tmp.join(MANIFEST), manifest)
+    })
+    .map_err(std::io::Error::from)
+}
+
+/// Why shares cannot be merged: bad input (exit status 2), or a failed write.
+#[derive(Debug, thiserror::Error)]
+pub enum MergeError {
+    #[error("{0}")]
+    Bad(String),
+    #[error("cannot write {0}: {1}")]
+    Write(PathBuf, std::io::Error),
+}
+
+/// A share read back: its folder, manifest, and the raw bytes of its CSV files split into
+/// header and rows.
+struct Part {
+    dir: PathBuf,
+    manifest: Manifest,
+    text: Vec<u8>,
+    requests: Csv,
+    summary: Csv,
+}
+
+/// A CSV file as its header line and its records' raw bytes (each with its line end).
+struct Csv {
+    header: Vec<u8>,
+    rows: Vec<Vec<u8>>,
+}
+
+fn bad(msg: impl Into<String>) -> MergeError {
+    MergeError::Bad(msg.into())
+}
+
+fn read_csv(path: &Path) -> Result<Csv, MergeError> {
+    let bytes =
+        std::fs::read(path).map_err(|e| bad(format!("{}: cannot read: {e}", path.display())))?;
+    let mut r = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .from_reader(bytes.as_slice());
+    let mut starts = Vec::new();
+    let mut rec = csv::ByteRecord::new();
+    loop {
+        let start = r.position().byte() as usize;
+        match r.read_byte_record(&mut rec) {
+            Ok(true) => starts.push(start),
+            Ok(false) => break,
+            Err(e) => return Err(bad(format!("{}: not a CSV file: {e}", path.display()))),
+        }
+    }
+    if starts.is_empty() {
+        return Err(bad(format!("{}: empty, not a results CSV", path.display())));
+    }
+    starts.push(bytes.len());
+    let mut pieces: Vec<Vec<u8>> = starts
+        .windows(2)
+        .map(|w| bytes[w[0]..w[1]].to_vec())
+        .collect();
+    let header = pieces.remove(0);
+    Ok(Csv {
+        header,
+        rows: pieces,
+    })
+}
+
+fn read_part(dir: &Path) -> Result<Part, MergeError> {
+    let at = |f: &str| dir.join(f);
+    let manifest_text = std::fs::read_to_string(at(MANIFEST)).map_err(|e| {
+        bad(format!(
+            "{}: cannot read {MANIFEST} ({e}); a share's folder is written by `meshsim run \
+             --points K/N`",
+            dir.display()
+        ))
+    })?;
+    let manifest: Manifest = toml::from_str(&manifest_text).map_err(|e| {
+        bad(format!(
+            "{}: {}",
+            at(MANIFEST).display(),
+            e.message().trim_end()
+        ))
+    })?;
+    if manifest.format != FORMAT {
+        return Err(bad(format!(
+            "{}: format {} of a share manifest, this meshsim reads format {FORMAT}",
+            at(MANIFEST).display(),
+            manifest.format
+        )));
+    }
+    let text = std::fs::read(at("scenario.toml")).map_err(|e| {
+        bad(format!(
+            "{}: cannot read: {e}",
+            at("scenario.toml").display()
+        ))
+    })?;
+    Ok(Part {
+        dir: dir.to_path_buf(),
+        requests: read_csv(&at("requests.csv"))?,
+        summary: read_csv(&at("summary.csv"))?,
+        manifest,
+        text,
+    })
+}
+
+/// Checks that `parts` are the shares of one run, each once and whole; returns the run's
+/// share count and job count.
+fn check_parts(parts: &[Part]) -> Result<(u32, usize), MergeError> {
+    let first = &parts[0];
+    let (n, jobs) = (first.manifest.of, first.manifest.jobs as usize);
+    let mut seen: BTreeMap<u32, &Path> = BTreeMap::new();
+    for p in parts {
+        let m = &p.manifest;
+        let d = p.dir.display();
+        if p.text != first.text || m.name != first.manifest.name || m.seed != first.manifest.seed {
+            return Err(bad(format!(
+                "{d}: its scenario.toml differs from {}'s: the shares are of different runs \
+                 (another scenario or --seed)",
+                first.dir.display()
+            )));
+        }
+        if m.of != n || m.jobs as usize != jobs {
+            return Err(bad(format!(
+                "{d}: share {} of {} of a run of {} simulations, but {} is a share of {n} of a \
+                 run of {jobs}",
+                m.share,
+                m.of,
+                m.jobs,
+                first.dir.display()
+            )));
+        }
+        if m.share == 0 || m.share > n {
+            return Err(bad(format!("{d}: share {} of {n} does not exist", m.share)));
+        }
+        if let Some(other) = seen.insert(m.share, &p.dir) {
+            return Err(bad(format!(
+                "share {} of {n} is given twice: {} and {d}",
+                m.share,
+                other.display()
+            )));
+        }
+        let share = Share { k: m.share, n };
+        let expected: Vec<u32> = (0..jobs)
+            .filter(|&i| share.owns(i))
+            .map(|i| i as u32)
+            .collect();
+        let listed: Vec<u32> = m.job.iter().map(|j| j.index).collect();
+        if listed != expected {
+            return Err(bad(format!(
+                "{d}: {MANIFEST} lists jobs {listed:?}, but share {share} of a run of {jobs} \
+                 holds {expected:?}"
+            )));
+        }
+        let rows: u64 = m.job.iter().map(|j| j.requests).sum();
+        if p.requests.rows.len() as u64 != rows {
+            return Err(bad(format!(
+                "{d}: requests.csv has {} rows, {MANIFEST} says {rows}",
+                p.requests.rows.len()
+            )));
+        }
+        if p.summary.rows.len() != m.job.len() {
+            return Err(bad(format!(
+                "{d}: summary.csv has {} rows, {MANIFEST} lists {} jobs",
+                p.summary.rows.len(),
+                m.job.len()
+            )));
+        }
+        if p.requests.header != first.requests.header || p.summary.header != first.summary.header {
+            return Err(bad(format!(
+                "{d}: its CSV columns differ from {}'s (written by another meshsim?)",
+                first.dir.display()
+            )));
+        }
+    }
+    if let Some(missing) = (1..=n).find(|k| !seen.contains_key(k)) {
+        return Err(bad(format!(
+            "share {missing} of {n} is missing: give every share's folder"
+        )));
+    }
+    Ok((n, jobs))
+}
+
+/// `meshsim merge`: the run's name (for the default output folder) of the shares in `dirs`,
+/// checked; nothing is written.
+pub fn run_name(dirs: &[PathBuf]) -> Result<String, MergeError> {
+    let dir = dirs
+        .first()
+        .ok_or_else(|| bad("give the folders of every share"))?;
+    Ok(read_part(dir)?.manifest.name)
+}
+
+/// Merges the share folders `dirs` into `out`, exactly the folder one run would have written
+/// (see the module doc).
+pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Written, MergeError> {
+    if dirs.is_empty() {
+        return Err(bad("give the folders of every share"));
+    }
+    let parts: Vec<Part> = dirs
+        .iter()
+        .map(|d| read_part(d))
+        .collect::<Result<_, _>>()?;
+    let (n, jobs) = check_parts(&parts)?;
+    let by_share: BTreeMap<u32, &Part> = parts.iter().map(|p| (p.manifest.share, p)).collect();
+    // Each share's rows, consumed job by job in run order.
+    let mut next_row: BTreeMap<u32, usize> = BTreeMap::new();
+    let mut next_job: BTreeMap<u32, usize> = BTreeMap::new();
+    let first = &parts[0];
+    let mut requests = first.requests.header.clone();
+    let mut summary = first.summary.header.clone();
+    for i in 0..jobs {
+        let k = (i % n as usize) as u32 + 1;
+        let p = by_share[&k];
+        let j = next_job.entry(k).or_insert(0);
+        let rows = p.manifest.job[*j].requests as usize;
+        summary.extend_from_slice(&p.summary.rows[*j]);
+        *j += 1;
+        let r = next_row.entry(k).or_insert(0);
+        for row in &p.requests.rows[*r..*r + rows] {
+            requests.extend_from_slice(row);
+        }
+        *r += rows;
+    }
+    let (plot_time, files) = crate::results::output::replace_dir_atomically(out, |tmp| {
+        std::fs::write(tmp.join("scenario.toml"), &first.text)?;
+        std::fs::write(tmp.join("requests.csv"), &requests)?;
+        std::fs::write(tmp.join("summary.csv"), &summary)?;
+        let started = Instant::now();
+        let files = super::plot::render(tmp).map_err(std::io::Error::other)?;
+        Ok((started.elapsed(), files))
+    })
+    .map_err(|e| MergeError::Write(out.to_path_buf(), e.into()))?;
+    Ok(Written {
+        plot_time,
+        plot_files: files
+            .iter()
+            .filter_map(|f| f.file_name())
+            .map(|f| out.join(f))
+            .collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_parse_and_deal_jobs_round_robin() {
+        let s = Share::parse("2/3").unwrap();
+        assert_eq!(s, Share { k: 2, n: 3 });
+        let owned: Vec<usize> = (0..8).filter(|&i| s.owns(i)).collect();
+        assert_eq!(owned, vec![1, 4, 7]);
+        for bad in ["0/3", "4/3", "3", "a/b", "1/0", "-1/2", "1/100001", ""] {
+            assert!(Share::parse(bad).is_err(), "{bad}");
+        }
+        assert!(Share::parse(" 1 / 2 ").is_ok());
+        assert!(Share { k: 1, n: 5 }.check(4).is_err());
+        assert!(Share { k: 1, n: 4 }.check(4).is_ok());
+    }
+}

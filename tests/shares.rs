@@ -1,0 +1,244 @@
+//! `meshsim run --points K/N` and `meshsim merge`: the shares of a run, merged in any order,
+//! give exactly the folder one run writes; bad sets of shares are refused (exit 2) naming
+//! what is wrong; the Slurm and PBS scripts of `scripts/` do the same through their own
+//! commands, run here without a scheduler.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_meshsim")
+}
+
+/// `small.toml` with a two-point sweep: 2 points x 4 policies = 8 simulations.
+fn scenario(dir: &Path, seed: u64) -> PathBuf {
+    let text = std::fs::read_to_string(common::data("small.toml")).unwrap();
+    let text = text.replacen("seed = ", &format!("seed = {seed}\n# was: seed = "), 1);
+    let p = dir.join(format!("sweep{seed}.toml"));
+    std::fs::write(
+        &p,
+        format!("{text}\n[sweep]\n\"workload.arrival_rate_per_s\" = [6.0, 12.0]\n"),
+    )
+    .unwrap();
+    p
+}
+
+fn meshsim(dir: &Path, args: &[&str]) -> (i32, String) {
+    let out = Command::new(bin())
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Every file of `a` has the same bytes in `b`, and `b` has no other file.
+fn assert_same_tree(a: &Path, b: &Path) {
+    let names = |d: &Path| {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(a), names(b));
+    for n in names(a) {
+        assert!(
+            std::fs::read(a.join(&n)).unwrap() == std::fs::read(b.join(&n)).unwrap(),
+            "{n} differs"
+        );
+    }
+}
+
+#[test]
+fn merged_shares_are_byte_identical_to_one_run() {
+    let d = tempfile::tempdir().unwrap();
+    let s = scenario(d.path(), 5);
+    let s = s.to_str().unwrap();
+    assert_eq!(
+        meshsim(d.path(), &["run", s, "--quiet", "--out", "one"]).0,
+        0
+    );
+    for n in [1, 3, 8] {
+        let mut parts = Vec::new();
+        for k in 1..=n {
+            let out = format!("n{n}/part{k}");
+            let (code, err) = meshsim(
+                d.path(),
+                &[
+                    "run",
+                    s,
+                    "--quiet",
+                    "--points",
+                    &format!("{k}/{n}"),
+                    "--out",
+                    &out,
+                ],
+            );
+            assert_eq!(code, 0, "{err}");
+            assert!(d.path().join(&out).join("share.toml").is_file());
+            assert!(!d.path().join(&out).join("report.md").exists());
+            parts.push(out);
+        }
+        // Any order.
+        parts.reverse();
+        let merged = format!("merged{n}");
+        let mut args = vec!["merge", "--quiet", "--out", &merged];
+        args.extend(parts.iter().map(String::as_str));
+        let (code, err) = meshsim(d.path(), &args);
+        assert_eq!(code, 0, "{err}");
+        assert_same_tree(&d.path().join("one"), &d.path().join(&merged));
+    }
+}
+
+#[test]
+fn bad_sets_of_shares_are_refused_naming_what_is_wrong() {
+    let d = tempfile::tempdir().unwrap();
+    let (s5, s6) = (scenario(d.path(), 5), scenario(d.path(), 6));
+    let run = |s: &Path, points: &str, out: &str| {
+        let (code, err) = meshsim(
+            d.path(),
+            &[
+                "run",
+                s.to_str().unwrap(),
+                "--quiet",
+                "--points",
+                points,
+                "--out",
+                out,
+            ],
+        );
+        assert_eq!(code, 0, "{err}");
+    };
+    run(&s5, "1/2", "a1");
+    run(&s5, "2/2", "a2");
+    run(&s6, "2/2", "b2");
+    run(&s5, "1/4", "c1");
+    std::fs::create_dir(d.path().join("empty")).unwrap();
+    for (dirs, says) in [
+        (vec!["a1"], "share 2 of 2 is missing"),
+        (vec!["a1", "a1"], "share 1 of 2 is given twice"),
+        (vec!["a1", "b2"], "differs from"),
+        (vec!["a1", "c1"], "share 1 of 4"),
+        (vec!["a1", "empty"], "cannot read share.toml"),
+        (vec!["a1", "nowhere"], "cannot read share.toml"),
+    ] {
+        let mut args = vec!["merge", "--out", "merged"];
+        args.extend(dirs.iter().copied());
+        let (code, err) = meshsim(d.path(), &args);
+        assert_eq!(code, 2, "{dirs:?}: {err}");
+        assert!(err.contains(says), "{dirs:?}: expected {says:?} in {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(
+            !d.path().join("merged").exists(),
+            "{dirs:?} wrote something"
+        );
+    }
+    // A share whose rows were cut short.
+    let csv = d.path().join("a2/requests.csv");
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let cut: Vec<&str> = text.lines().collect();
+    std::fs::write(&csv, cut[..cut.len() - 3].join("\n") + "\n").unwrap();
+    let (code, err) = meshsim(d.path(), &["merge", "--out", "merged", "a1", "a2"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("requests.csv has"), "{err}");
+    // Bad --points values, and more shares than simulations.
+    for (points, says) in [
+        ("0/2", "expected K/N"),
+        ("3/2", "expected K/N"),
+        ("x", "expected K/N"),
+        ("1/9", "the run has 8 simulations"),
+    ] {
+        let (code, err) = meshsim(
+            d.path(),
+            &[
+                "run",
+                s5.to_str().unwrap(),
+                "--points",
+                points,
+                "--out",
+                "p",
+            ],
+        );
+        assert_eq!(code, 2, "{points}: {err}");
+        assert!(err.contains(says), "{points}: {err}");
+        assert!(!d.path().join("p").exists());
+    }
+}
+
+/// Runs a scheduler script with bash and the environment a scheduler would give it.
+fn script(dir: &Path, name: &str, env: &[(&str, String)]) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("scripts")
+        .join(name);
+    let out = Command::new("bash")
+        .arg(&path)
+        .current_dir(dir)
+        .env("MESHSIM", bin())
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_slurm_and_pbs_scripts_split_and_merge_a_run() {
+    let d = tempfile::tempdir().unwrap();
+    let s = scenario(d.path(), 5);
+    let s = s.to_str().unwrap().to_string();
+    assert_eq!(
+        meshsim(d.path(), &["run", &s, "--quiet", "--out", "one"]).0,
+        0
+    );
+    let n = 3;
+    for k in 1..=n {
+        script(
+            d.path(),
+            "slurm_sweep.sbatch",
+            &[
+                ("SCENARIO", s.clone()),
+                ("SLURM_ARRAY_TASK_ID", k.to_string()),
+                ("SLURM_ARRAY_TASK_COUNT", n.to_string()),
+                ("SLURM_CPUS_PER_TASK", "1".into()),
+            ],
+        );
+    }
+    script(
+        d.path(),
+        "slurm_merge.sbatch",
+        &[("SCENARIO", s.clone()), ("OUT", "slurm".into())],
+    );
+    assert_same_tree(&d.path().join("one"), &d.path().join("slurm"));
+    for k in 1..=n {
+        script(
+            d.path(),
+            "pbs_sweep.pbs",
+            &[
+                ("SCENARIO", s.clone()),
+                ("SHARES", n.to_string()),
+                ("PBS_ARRAY_INDEX", k.to_string()),
+                ("SHARES_DIR", "pbs_shares".into()),
+            ],
+        );
+    }
+    script(
+        d.path(),
+        "pbs_merge.pbs",
+        &[
+            ("SCENARIO", s.clone()),
+            ("SHARES_DIR", "pbs_shares".into()),
+            ("OUT", "pbs".into()),
+        ],
+    );
+    assert_same_tree(&d.path().join("one"), &d.path().join("pbs"));
+}
