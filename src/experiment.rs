@@ -117,10 +117,22 @@ impl Experiment {
     /// threads (results do not depend on the count), live runs one after another on a tokio
     /// runtime of their own.
     pub fn run(&self, threads: usize) -> Result<Runs, RunError> {
+        self.run_watched(threads, None)
+    }
+
+    /// [`Experiment::run`], reporting each serving simulation's progress on `board`.
+    pub fn run_watched(
+        &self,
+        threads: usize,
+        board: Option<&crate::sim::progress::Board>,
+    ) -> Result<Runs, RunError> {
         match self {
-            Experiment::Serving(s) => {
-                Ok(Runs::Serving(serving_run::simulate_experiment(s, threads)?))
-            }
+            Experiment::Serving(s) => Ok(Runs::Serving(
+                serving_run::simulate_share(s, threads, None, board)?
+                    .into_iter()
+                    .map(|(_, r)| r)
+                    .collect(),
+            )),
             Experiment::Pipeline(s) if s.live => {
                 let rt = tokio::runtime::Builder::new_multi_thread()
                     .enable_all()

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{EXIT_FAILED, bad, refused};
@@ -10,6 +11,7 @@ use meshsim::experiment::Experiment;
 use meshsim::results::output;
 use meshsim::results::share::{self, Share, ShareRun};
 use meshsim::serving::run as serving_run;
+use meshsim::sim::progress::Board;
 
 /// `meshsim check`: validate and describe, run nothing.
 pub(crate) fn check(scenario: &Path) -> ExitCode {
@@ -70,9 +72,11 @@ pub(crate) fn run(
     } else {
         format!("simulating {} runs", x.simulations())
     };
-    let spinner = Spinner::start(!quiet, what);
-    let runs = x.run(threads);
-    spinner.stop();
+    let board = Arc::new(Board::default());
+    let watched = matches!(x, Experiment::Serving(_));
+    let display = Spinner::start(!quiet, what, watched.then(|| board.clone()));
+    let runs = x.run_watched(threads, watched.then_some(&*board));
+    display.stop();
     let runs = match runs {
         Ok(r) => r,
         Err(e) if e.is_bad_input() => return bad(e),
@@ -166,9 +170,14 @@ fn run_share(
     let started = Instant::now();
     let threads =
         threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let spinner = Spinner::start(!quiet, format!("simulating share {share} of the runs"));
-    let runs = serving_run::simulate_share(s, threads, Some(share));
-    spinner.stop();
+    let board = Arc::new(Board::default());
+    let display = Spinner::start(
+        !quiet,
+        format!("simulating share {share}"),
+        Some(board.clone()),
+    );
+    let runs = serving_run::simulate_share(s, threads, Some(share), Some(&board));
+    display.stop();
     let runs = match runs {
         Ok(r) => r,
         Err(e) if e.is_bad_input() => return bad(e),
@@ -243,15 +252,17 @@ pub(crate) fn merge(dirs: &[PathBuf], out: Option<PathBuf>, quiet: bool) -> Exit
     }
 }
 
-/// A spinner on stdout while policies are simulated, shown only when stdout is a terminal and
-/// the simulation lasts more than a second. Console only: nothing of it reaches result files.
+/// On a terminal only (stdout), and only when the run lasts more than a second: a spinner with
+/// the elapsed time, and for serving runs one line per running simulation (fraction of the
+/// trace's span simulated, events/s, estimated time left; see [`Board`]). Console only: nothing
+/// of it reaches result files or logs.
 struct Spinner {
     done: Option<std::sync::mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Spinner {
-    fn start(enabled: bool, msg: String) -> Spinner {
+    fn start(enabled: bool, msg: String, board: Option<Arc<Board>>) -> Spinner {
         if !enabled || !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
             return Spinner {
                 done: None,
@@ -270,12 +281,37 @@ impl Spinner {
                 indicatif::ProgressDrawTarget::stdout(),
             );
             // The template is a valid literal, so building the style cannot fail.
-            let style = indicatif::ProgressStyle::with_template("  {spinner} {msg} ({elapsed})")
+            let style = indicatif::ProgressStyle::with_template("  {spinner} {msg}")
                 .expect("valid spinner template");
             bar.set_style(style);
-            bar.set_message(msg);
             bar.enable_steady_tick(Duration::from_millis(100));
-            let _ = rx.recv();
+            let started = Instant::now();
+            // Bounded: one round per half second until the run ends.
+            loop {
+                let elapsed = started.elapsed().as_secs() + 1;
+                let text = match &board {
+                    None => format!("{msg} ({}:{:02})", elapsed / 60, elapsed % 60),
+                    Some(b) => {
+                        let (done, total, running) = b.snapshot();
+                        let mut t = format!(
+                            "{msg}: {done} of {total} simulations done, {} running ({}:{:02})",
+                            running.len(),
+                            elapsed / 60,
+                            elapsed % 60
+                        );
+                        for r in &running {
+                            t.push_str("\n      ");
+                            t.push_str(&r.line());
+                        }
+                        t
+                    }
+                };
+                bar.set_message(text);
+                match rx.recv_timeout(Duration::from_millis(500)) {
+                    Err(RecvTimeoutError::Timeout) => {}
+                    _ => break,
+                }
+            }
             bar.finish_and_clear();
         });
         Spinner {

@@ -35,6 +35,8 @@ use crate::sim::fault::Fault;
 use crate::sim::host::FetchOverhead;
 use crate::sim::host::{DEFAULT_CHECK_EVERY, SimHost};
 use crate::sim::kernel::SimError;
+use crate::sim::progress::{Board, Progress};
+use crate::units::Nanos;
 use crate::workload::TraceError;
 use crate::workload::replay;
 use crate::workload::{Trace, WorkloadSpec, qa};
@@ -114,9 +116,23 @@ pub fn simulate_checked(
     policy: PolicyKind,
     check_every: u64,
 ) -> Result<PolicyRun, SimError> {
+    simulate_watched(s, trace, policy, check_every, None)
+}
+
+/// [`simulate_checked`], reporting progress into `progress` (see [`crate::sim::progress`]).
+pub fn simulate_watched(
+    s: &Scenario,
+    trace: Arc<Trace>,
+    policy: PolicyKind,
+    check_every: u64,
+    progress: Option<Arc<Progress>>,
+) -> Result<PolicyRun, SimError> {
     let started = Instant::now();
     let mut host = SimHost::new(Network::new(&s.hardware), s.limits, s.seed);
     host.set_check_every(check_every);
+    if let Some(p) = progress {
+        host.set_progress(p);
+    }
     host.set_fetch_overhead(FetchOverhead {
         request: s.store.fetch_request_overhead,
         segment: s.store.fetch_segment_overhead,
@@ -259,18 +275,31 @@ pub fn simulate_all(
     let jobs: Vec<Job> = s
         .policies
         .iter()
-        .map(|&p| (None, s, trace.clone(), p))
+        .map(|&p| (None, s, trace.clone(), p, None))
         .collect();
     run_jobs(&jobs, threads).into_iter().collect()
 }
 
-/// A simulation to run: sweep point label, scenario, trace, policy.
-type Job<'a> = (Option<&'a str>, &'a Scenario, Arc<Trace>, PolicyKind);
+/// A simulation to run: sweep point label, scenario, trace, policy, and where its progress
+/// goes.
+type Job<'a> = (
+    Option<&'a str>,
+    &'a Scenario,
+    Arc<Trace>,
+    PolicyKind,
+    Option<Arc<Progress>>,
+);
 
 /// Runs `jobs` on up to `threads` threads; results come back in job order.
 fn run_jobs(jobs: &[Job], threads: usize) -> Vec<Result<PolicyRun, SimError>> {
-    crate::sim::parallel_map(jobs, threads, |(label, sc, t, p)| {
-        let mut r = simulate(sc, t.clone(), *p);
+    crate::sim::parallel_map(jobs, threads, |(label, sc, t, p, progress)| {
+        if let Some(pr) = progress {
+            pr.start();
+        }
+        let mut r = simulate_watched(sc, t.clone(), *p, DEFAULT_CHECK_EVERY, progress.clone());
+        if let Some(pr) = progress {
+            pr.finish();
+        }
         if let Ok(run) = &mut r {
             run.summary.point = label.map(str::to_string);
         }
@@ -282,7 +311,7 @@ fn run_jobs(jobs: &[Job], threads: usize) -> Vec<Result<PolicyRun, SimError>> {
 /// to `threads` simulations at once. Runs come back in order: points in sweep order, policies
 /// in scenario order; each is labelled with its point. Results do not depend on `threads`.
 pub fn simulate_experiment(s: &Scenario, threads: usize) -> Result<Vec<PolicyRun>, RunError> {
-    Ok(simulate_share(s, threads, None)?
+    Ok(simulate_share(s, threads, None, None)?
         .into_iter()
         .map(|(_, r)| r)
         .collect())
@@ -304,6 +333,7 @@ pub fn simulate_share(
     s: &Scenario,
     threads: usize,
     share: Option<crate::results::share::Share>,
+    board: Option<&Board>,
 ) -> Result<Vec<(usize, PolicyRun)>, RunError> {
     let points: Vec<(Option<&str>, &Scenario)> = if s.points.is_empty() {
         vec![(None, s)]
@@ -321,9 +351,14 @@ pub fn simulate_share(
         let mine: Vec<usize> = (i..i + sc.policies.len()).filter(|&j| owns(j)).collect();
         if !mine.is_empty() {
             let t = Arc::new(trace(sc)?);
+            let span = t.requests.last().map_or(Nanos::ZERO, |r| r.arrival);
             for (j, &p) in sc.policies.iter().enumerate() {
                 if owns(i + j) {
-                    jobs.push((*label, *sc, t.clone(), p));
+                    let progress = board.map(|b| {
+                        let at = label.map_or(String::new(), |l| format!("[{l}] "));
+                        b.add(format!("{at}{}", p.name()), span)
+                    });
+                    jobs.push((*label, *sc, t.clone(), p, progress));
                     index.push(i + j);
                 }
             }

@@ -40,6 +40,7 @@ use crate::hardware::network::{FlowId, LinkBytes, MICE_BYTES, Network, Transfer}
 use crate::metrics::Report;
 use crate::rng::{Stream, streams};
 use crate::sim::kernel::{Kernel, Limits, SimError};
+use crate::sim::progress::{PROGRESS_EVERY, Progress};
 use crate::units::Nanos;
 
 /// What the kernel carries: the start of an actor, one of its system's messages, or an event
@@ -118,6 +119,8 @@ pub struct SimHost<M> {
     violations: Vec<String>,
     /// Events between invariant checks of every actor; 0 for none.
     check_every: u64,
+    /// Where the run's progress goes, for a display (never read back).
+    progress: Option<std::sync::Arc<Progress>>,
     /// Hardware changes still to come, latest first (applied before the first event at or
     /// after their time), and each device's fraction of its full compute speed.
     changes: Vec<(Nanos, Change)>,
@@ -340,6 +343,7 @@ impl<M> SimHost<M> {
             compute_free: Vec::new(),
             violations: Vec::new(),
             check_every: DEFAULT_CHECK_EVERY,
+            progress: None,
             changes: Vec::new(),
             device_speed: Vec::new(),
             arrivals: Vec::new(),
@@ -416,6 +420,11 @@ impl<M> SimHost<M> {
     }
 
     /// Checks every actor's invariants every `events` events (0: never during the run).
+    /// Reports the event count and simulated time into `p` as the run goes on.
+    pub fn set_progress(&mut self, p: std::sync::Arc<Progress>) {
+        self.progress = Some(p);
+    }
+
     pub fn set_check_every(&mut self, events: u64) {
         self.check_every = events;
     }
@@ -516,6 +525,11 @@ impl<M> SimHost<M> {
             self.actor_events += 1;
             if self.check_every > 0 && self.actor_events.is_multiple_of(self.check_every) {
                 self.check_all()?;
+            }
+            if self.actor_events.is_multiple_of(PROGRESS_EVERY)
+                && let Some(p) = &self.progress
+            {
+                p.update(self.actor_events, self.kernel.now());
             }
         }
         let mut report = Report {
