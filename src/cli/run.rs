@@ -119,8 +119,9 @@ pub(crate) fn run(
         let wall = started.elapsed().as_secs_f64();
         let unit = if x.is_live() { "messages" } else { "events" };
         println!(
-            "  {events} {unit} processed, {:.2} M {unit}/s overall, wall time {wall:.2} s; results in {}",
+            "  {events} {unit} processed, {:.2} M {unit}/s overall, wall time {wall:.2} s{}; results in {}",
             events as f64 / wall / 1e6,
+            peak_memory(),
             dir.display()
         );
         println!(
@@ -130,6 +131,20 @@ pub(crate) fn run(
         );
     }
     ExitCode::SUCCESS
+}
+
+/// `, peak memory 1.23 GiB` (the process's peak resident set, from `/proc/self/status`), or
+/// nothing where the system does not say.
+fn peak_memory() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|kb| kb.trim().parse::<u64>().ok())
+        .map_or(String::new(), |kb| {
+            format!(", peak memory {:.2} GiB", kb as f64 / (1u64 << 20) as f64)
+        })
 }
 
 /// `meshsim run FILE --points K/N`: simulate one share of the run and write its partial
@@ -209,10 +224,11 @@ fn run_share(
             println!("{}", x.console_line(&r.summary, r.wall));
         }
         println!(
-            "  share {share}: {} of {jobs} simulations in {:.2} s; partial results in {} \
+            "  share {share}: {} of {jobs} simulations in {:.2} s{}; partial results in {} \
              (assemble every share with `meshsim merge`)",
             runs.len(),
             started.elapsed().as_secs_f64(),
+            peak_memory(),
             dir.display()
         );
     }
