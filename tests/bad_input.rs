@@ -389,3 +389,16 @@ fn turns_whose_prompts_outgrow_the_model_context_are_refused() {
     );
     assert_eq!(o.status, 0, "{}", o.stderr);
 }
+
+#[test]
+fn arrivals_beyond_the_time_limit_are_refused_before_anything_runs() {
+    // 400 requests at 12 per second arrive over about 33 s.
+    let text = format!("{}\n[limits]\nmax_sim_time_s = 20.0\n", small_text());
+    assert_rejected(
+        &text,
+        "workload.arrival_rate_per_s",
+        "beyond limits.max_sim_time_s = 20",
+    );
+    let text = format!("{}\n[limits]\nmax_sim_time_s = 60.0\n", small_text());
+    assert_eq!(meshsim("check", &text).status, 0);
+}

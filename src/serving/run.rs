@@ -85,7 +85,22 @@ pub fn store_params(s: &Scenario, rules: &StoreRules) -> StoreParams {
 /// model's context is an error naming its line (the scenario checks generated prompts).
 pub fn trace(s: &Scenario) -> Result<Trace, TraceError> {
     match &s.workload {
-        WorkloadSpec::Generated(w) => Ok(qa::generate(w, s.model.vocab as u32, s.seed)),
+        WorkloadSpec::Generated(w) => {
+            let t = qa::generate(w, s.model.vocab as u32, s.seed);
+            // The scenario checked the expected span; a Poisson tail may still pass the limit.
+            match t.requests.last() {
+                Some(r) if r.arrival > s.limits.max_time => Err(TraceError::whole(
+                    Path::new(&s.name),
+                    "workload.arrival_rate_per_s",
+                    format!(
+                        "the last request arrives at {:.3} s, after limits.max_sim_time_s = {}",
+                        r.arrival.as_secs_f64(),
+                        s.limits.max_time.as_secs_f64()
+                    ),
+                )),
+                _ => Ok(t),
+            }
+        }
         WorkloadSpec::Replay(spec) => {
             let loaded = replay::load(spec, s.seed)?;
             loaded.check_fits(

@@ -187,6 +187,27 @@ fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenar
     let store = validate_store(&c, &r.store, &hardware, &model, serving.instance.block_size)?;
 
     let limits = limits(&c, &r.limits)?;
+    if let WorkloadSpec::Generated(w) = &workload {
+        // The arrivals' expected span; a trace that cannot fit is refused before it is built.
+        let turns = w
+            .reuse
+            .as_ref()
+            .map_or(0.0, |r| f64::from(r.turns.saturating_sub(1)) * r.turn_gap_s);
+        let span = f64::from(w.requests) / w.arrival_rate_per_s + turns;
+        if span > limits.max_time.as_secs_f64() {
+            return Err(c.err(
+                "workload.arrival_rate_per_s",
+                format!(
+                    "{} requests at {} per second arrive over about {span:.0} s, beyond \
+                     limits.max_sim_time_s = {}: raise the rate or the limit, or ask for fewer \
+                     requests",
+                    w.requests,
+                    w.arrival_rate_per_s,
+                    limits.max_time.as_secs_f64()
+                ),
+            ));
+        }
+    }
     let nodes = (hardware.nodes, hardware.gpus_per_node);
     let faults = crate::scenario::fault::faults(&c, &r.fault, Some(nodes))?;
     crate::scenario::fault::refuse(&c, &faults, "serving", &["shard-restart"])?;
