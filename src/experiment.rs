@@ -117,18 +117,19 @@ impl Experiment {
     /// threads (results do not depend on the count), live runs one after another on a tokio
     /// runtime of their own.
     pub fn run(&self, threads: usize) -> Result<Runs, RunError> {
-        self.run_watched(threads, None)
+        self.run_watched(threads, &serving_run::RunOptions::default())
     }
 
-    /// [`Experiment::run`], reporting each serving simulation's progress on `board`.
+    /// [`Experiment::run`] with options for serving runs (progress board, spool of request
+    /// rows; not a share); pipeline runs ignore them.
     pub fn run_watched(
         &self,
         threads: usize,
-        board: Option<&crate::sim::progress::Board>,
+        opts: &serving_run::RunOptions,
     ) -> Result<Runs, RunError> {
         match self {
             Experiment::Serving(s) => Ok(Runs::Serving(
-                serving_run::simulate_share(s, threads, None, board)?
+                serving_run::simulate_share(s, threads, opts)?
                     .into_iter()
                     .map(|(_, r)| r)
                     .collect(),

@@ -242,3 +242,28 @@ fn the_slurm_and_pbs_scripts_split_and_merge_a_run() {
     );
     assert_same_tree(&d.path().join("one"), &d.path().join("pbs"));
 }
+
+/// `meshsim run` spools each finished simulation's request rows to a scratch folder beside the
+/// results; the folder it writes is byte for byte the one written from records in memory,
+/// and no scratch folder is left behind.
+#[test]
+fn spooled_request_rows_are_the_rows_held_in_memory() {
+    let d = tempfile::tempdir().unwrap();
+    let path = scenario(d.path(), 5);
+    let (code, err) = meshsim(
+        d.path(),
+        &["run", path.to_str().unwrap(), "--quiet", "--out", "cli"],
+    );
+    assert_eq!(code, 0, "{err}");
+    let s = meshsim::Scenario::load(&path).unwrap();
+    let runs = meshsim::serving::run::simulate_experiment(&s, 2).unwrap();
+    assert!(runs.iter().all(|r| r.spooled.is_none()));
+    meshsim::serving::run::write_results(&s, &runs, &d.path().join("memory")).unwrap();
+    assert_same_tree(&d.path().join("memory"), &d.path().join("cli"));
+    let left: Vec<String> = std::fs::read_dir(d.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("meshsim-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

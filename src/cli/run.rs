@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use super::{EXIT_FAILED, bad, refused};
 use meshsim::experiment::Experiment;
 use meshsim::results::output;
-use meshsim::results::share::{self, Share, ShareRun};
-use meshsim::serving::run as serving_run;
+use meshsim::results::share::{self, Share, ShareOf, ShareRun};
+use meshsim::serving::run::{self as serving_run, RunOptions, Spool};
 use meshsim::sim::progress::Board;
 
 /// `meshsim check`: validate and describe, run nothing.
@@ -74,8 +74,28 @@ pub(crate) fn run(
     };
     let board = Arc::new(Board::default());
     let watched = matches!(x, Experiment::Serving(_));
+    // Serving runs spool each finished simulation's request rows beside the results folder.
+    let scratch = match x {
+        Experiment::Serving(_) => match output::Scratch::beside(&dir) {
+            Ok(s) => Some(s),
+            Err(e) => return refused(e),
+        },
+        Experiment::Pipeline(_) => None,
+    };
+    let spool = match (&x, &scratch) {
+        (Experiment::Serving(s), Some(sc)) => Some(Spool {
+            scratch: sc,
+            swept: !s.points.is_empty(),
+        }),
+        _ => None,
+    };
     let display = Spinner::start(!quiet, what, watched.then(|| board.clone()));
-    let runs = x.run_watched(threads, watched.then_some(&*board));
+    let opts = RunOptions {
+        share: None,
+        board: watched.then_some(&*board),
+        spool: spool.as_ref(),
+    };
+    let runs = x.run_watched(threads, &opts);
     display.stop();
     let runs = match runs {
         Ok(r) => r,
@@ -185,13 +205,26 @@ fn run_share(
     let started = Instant::now();
     let threads =
         threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let scratch = match output::Scratch::beside(&dir) {
+        Ok(s) => s,
+        Err(e) => return refused(e),
+    };
+    let spool = Spool {
+        scratch: &scratch,
+        swept: !s.points.is_empty(),
+    };
     let board = Arc::new(Board::default());
     let display = Spinner::start(
         !quiet,
         format!("simulating share {share}"),
         Some(board.clone()),
     );
-    let runs = serving_run::simulate_share(s, threads, Some(share), Some(&board));
+    let opts = RunOptions {
+        share: Some(share),
+        board: Some(&board),
+        spool: Some(&spool),
+    };
+    let runs = serving_run::simulate_share(s, threads, &opts);
     display.stop();
     let runs = match runs {
         Ok(r) => r,
@@ -209,13 +242,23 @@ fn run_share(
         .iter()
         .map(|(i, r)| ShareRun {
             index: *i,
-            point: r.summary.point.as_deref(),
-            policy: r.policy.name(),
-            records: &r.report.records,
+            rows: r.summary.requests,
             summary: &r.summary,
+            spooled: r.spooled.as_deref(),
         })
         .collect();
-    if let Err(e) = share::write_share(&s.name, s.seed, &s.text, share, jobs, &parts, &dir) {
+    if let Err(e) = share::write_share(
+        &ShareOf {
+            name: &s.name,
+            seed: s.seed,
+            text: &s.text,
+            share,
+            jobs,
+            swept: spool.swept,
+        },
+        &parts,
+        &dir,
+    ) {
         eprintln!("error: cannot write results to {}: {e}", dir.display());
         return ExitCode::from(EXIT_FAILED);
     }

@@ -63,55 +63,73 @@ pub fn write_requests<W: Write>(
 ) -> Result<(), csv::Error> {
     let mut w = csv::Writer::from_writer(out);
     let swept = runs.iter().any(|r| r.0.is_some());
+    w.write_record(requests_header(swept))?;
+    for (point, policy, records) in runs {
+        write_request_rows(&mut w, swept, *point, policy, records)?;
+    }
+    w.flush()?;
+    Ok(())
+}
+
+/// The header of `requests.csv`, with a leading `point` column when `swept`.
+pub fn requests_header(swept: bool) -> Vec<String> {
     let mut header = request_header();
     if swept {
         header.insert(0, "point".into());
     }
-    w.write_record(header)?;
-    for (point, policy, records) in runs {
-        for r in records.iter() {
-            let status = if r.failed.is_some() {
-                "failed"
-            } else if r.rejected {
-                "rejected"
-            } else if r.completed() {
-                "ok"
-            } else {
-                "unfinished"
-            };
-            let instance = if r.instance == u32::MAX {
-                String::new()
-            } else {
-                r.instance.to_string()
-            };
-            let mut row = Vec::with_capacity(32);
-            if swept {
-                row.push(point.unwrap_or("").to_string());
-            }
-            row.extend([
-                policy.to_string(),
-                r.id.to_string(),
-                r.arrival.0.to_string(),
-                instance,
-                status.to_string(),
-                r.prompt_tokens.to_string(),
-                r.output_tokens.to_string(),
-                r.reused_tokens().to_string(),
-            ]);
-            row.extend(r.reused.iter().map(|t| t.to_string()));
-            row.extend(r.loaded_bytes[1..].iter().map(|b| b.to_string()));
-            row.extend([
-                opt(r.queue()),
-                opt(r.ttft()),
-                opt(r.tpot()),
-                opt(r.e2e()),
-                r.preemptions.to_string(),
-                r.network_bytes.to_string(),
-            ]);
-            w.write_record(&row)?;
+    header
+}
+
+/// Writes the `requests.csv` rows of one run (no header), as [`write_requests`] does.
+pub fn write_request_rows<W: Write>(
+    w: &mut csv::Writer<W>,
+    swept: bool,
+    point: Option<&str>,
+    policy: &str,
+    records: &[RequestRecord],
+) -> Result<(), csv::Error> {
+    let mut row = Vec::with_capacity(32);
+    for r in records {
+        let status = if r.failed.is_some() {
+            "failed"
+        } else if r.rejected {
+            "rejected"
+        } else if r.completed() {
+            "ok"
+        } else {
+            "unfinished"
+        };
+        let instance = if r.instance == u32::MAX {
+            String::new()
+        } else {
+            r.instance.to_string()
+        };
+        row.clear();
+        if swept {
+            row.push(point.unwrap_or("").to_string());
         }
+        row.extend([
+            policy.to_string(),
+            r.id.to_string(),
+            r.arrival.0.to_string(),
+            instance,
+            status.to_string(),
+            r.prompt_tokens.to_string(),
+            r.output_tokens.to_string(),
+            r.reused_tokens().to_string(),
+        ]);
+        row.extend(r.reused.iter().map(|t| t.to_string()));
+        row.extend(r.loaded_bytes[1..].iter().map(|b| b.to_string()));
+        row.extend([
+            opt(r.queue()),
+            opt(r.ttft()),
+            opt(r.tpot()),
+            opt(r.e2e()),
+            r.preemptions.to_string(),
+            r.network_bytes.to_string(),
+        ]);
+        w.write_record(&row)?;
     }
-    w.flush()?;
     Ok(())
 }
 

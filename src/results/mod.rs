@@ -42,10 +42,51 @@ pub fn write_results_dir(
     summaries: &[Summary],
     dir: &Path,
 ) -> std::io::Result<Written> {
+    write_results_dir_with(text, RequestRows::Records(records), summaries, dir)
+}
+
+/// Where the rows of `requests.csv` come from.
+pub enum RequestRows<'a> {
+    /// Records held in memory: (sweep point, policy, records) of each run.
+    Records(&'a [(Option<&'a str>, &'a str, &'a [RequestRecord])]),
+    /// Files of rows without a header, one per run in order (see
+    /// [`crate::serving::run::Spool`]); `swept` says whether they start with a `point` column.
+    Spooled { swept: bool, files: Vec<&'a Path> },
+}
+
+impl RequestRows<'_> {
+    /// Writes the whole `requests.csv` (header and rows) to `path`.
+    pub fn write(&self, path: &Path) -> std::io::Result<()> {
+        let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+        match self {
+            RequestRows::Records(records) => {
+                write_requests(&mut f, records).map_err(std::io::Error::other)?
+            }
+            RequestRows::Spooled { swept, files } => {
+                let mut w = csv::Writer::from_writer(&mut f);
+                w.write_record(crate::metrics::write::requests_header(*swept))
+                    .map_err(std::io::Error::other)?;
+                w.flush()?;
+                drop(w);
+                for file in files {
+                    std::io::copy(&mut std::fs::File::open(file)?, &mut f)?;
+                }
+            }
+        }
+        std::io::Write::flush(&mut f)
+    }
+}
+
+/// [`write_results_dir`] with the request rows held in memory or spooled to files.
+pub fn write_results_dir_with(
+    text: &str,
+    requests: RequestRows,
+    summaries: &[Summary],
+    dir: &Path,
+) -> std::io::Result<Written> {
     let (plot_time, files) = crate::results::output::replace_dir_atomically(dir, |tmp| {
         std::fs::write(tmp.join("scenario.toml"), text)?;
-        let f = std::io::BufWriter::new(std::fs::File::create(tmp.join("requests.csv"))?);
-        write_requests(f, records).map_err(std::io::Error::other)?;
+        requests.write(&tmp.join("requests.csv"))?;
         let f = std::io::BufWriter::new(std::fs::File::create(tmp.join("summary.csv"))?);
         write_summary(f, summaries).map_err(std::io::Error::other)?;
         let started = Instant::now();
@@ -74,6 +115,9 @@ pub enum RunError {
     /// A live run failed.
     #[error(transparent)]
     Live(#[from] LiveError),
+    /// A finished simulation's request rows could not be written to the scratch folder.
+    #[error("cannot write request rows into {0}: {1}")]
+    Spool(PathBuf, std::io::Error),
 }
 
 impl RunError {

@@ -22,8 +22,8 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::Written;
-use crate::metrics::write::{write_requests, write_summary};
-use crate::metrics::{RequestRecord, Summary};
+use crate::metrics::Summary;
+use crate::metrics::write::write_summary;
 
 /// Name of a share's manifest in its folder.
 pub const MANIFEST: &str = "share.toml";
@@ -103,26 +103,40 @@ struct JobRows {
     requests: u64,
 }
 
-/// One simulation of a share: its index in the run, sweep point, policy, records, summary.
+/// The run a share belongs to: its name, seed, scenario text, which share, the run's job
+/// count, and whether it has a sweep (a `point` column).
+#[derive(Clone, Copy, Debug)]
+pub struct ShareOf<'a> {
+    pub name: &'a str,
+    pub seed: u64,
+    pub text: &'a str,
+    pub share: Share,
+    pub jobs: usize,
+    pub swept: bool,
+}
+
+/// One simulation of a share: its index in the run, its number of `requests.csv` rows, its
+/// summary and the file its rows were spooled to.
 pub struct ShareRun<'a> {
     pub index: usize,
-    pub point: Option<&'a str>,
-    pub policy: &'a str,
-    pub records: &'a [RequestRecord],
+    pub rows: u64,
     pub summary: &'a Summary,
+    pub spooled: Option<&'a Path>,
 }
 
 /// Writes the partial results folder of `share` (see the module doc) into `dir`, replacing
 /// it atomically like a results folder.
-pub fn write_share(
-    name: &str,
-    seed: u64,
-    text: &str,
-    share: Share,
-    jobs: usize,
-    runs: &[ShareRun],
-    dir: &Path,
-) -> std::io::Result<()> {
+pub fn write_share(run: &ShareOf, runs: &[ShareRun], dir: &Path) -> std::io::Result<()> {
+    let ShareOf {
+        name,
+        seed,
+        text,
+        share,
+        jobs,
+        swept,
+    } = *run;
+    let files: Option<Vec<&Path>> = runs.iter().map(|r| r.spooled).collect();
+    let files = files.ok_or_else(|| std::io::Error::other("a share's runs must be spooled"))?;
     let manifest = Manifest {
         format: FORMAT,
         name: name.to_string(),
@@ -134,7 +148,7 @@ pub fn write_share(
             .iter()
             .map(|r| JobRows {
                 index: r.index as u32,
-                requests: r.records.len() as u64,
+                requests: r.rows,
             })
             .collect(),
     };
@@ -145,12 +159,11 @@ pub fn write_share(
     );
     crate::results::output::replace_dir_atomically(dir, |tmp| {
         std::fs::write(tmp.join("scenario.toml"), text)?;
-        let records: Vec<(Option<&str>, &str, &[RequestRecord])> = runs
-            .iter()
-            .map(|r| (r.point, r.policy, r.records))
-            .collect();
-        let f = std::io::BufWriter::new(std::fs::File::create(tmp.join("requests.csv"))?);
-        write_requests(f, &records).map_err(std::io::Error::other)?;
+        super::RequestRows::Spooled {
+            swept,
+            files: files.clone(),
+        }
+        .write(&tmp.join("requests.csv"))?;
         let summaries: Vec<Summary> = runs.iter().map(|r| r.summary.clone()).collect();
         let f = std::io::BufWriter::new(std::fs::File::create(tmp.join("summary.csv"))?);
         write_summary(f, &summaries).map_err(std::io::Error::other)?;

@@ -8,7 +8,7 @@
 //! `report.md` are made from the CSV files in that temporary folder ([`crate::results::plot`]) before
 //! the swap.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,9 +16,11 @@ use crate::actor::ActorId;
 use crate::backend::SimBatchBackend;
 use crate::hardware::Place;
 use crate::hardware::network::{LinkBytes, Network};
+use crate::metrics::write::write_request_rows;
 use crate::metrics::{Report, Summary};
 use crate::model::cost::BatchShape;
-use crate::results::RunError;
+use crate::results::output::Scratch;
+use crate::results::{RequestRows, RunError};
 use crate::serving::Msg;
 use crate::serving::chaos::{Chaos, Targets};
 use crate::serving::instance::{Instance, StoreLink};
@@ -50,6 +52,41 @@ pub struct PolicyRun {
     pub link_bytes: LinkBytes,
     /// Wall-clock time of the simulation (not reproducible; console only).
     pub wall: Duration,
+    /// Where the run's `requests.csv` rows went when it was spooled ([`Spool`]); its
+    /// `report.records` are then empty.
+    pub spooled: Option<PathBuf>,
+}
+
+/// Where finished simulations write their `requests.csv` rows, so that a run does not hold
+/// every policy's per-request records until the end: one file of rows (no header) per job in a
+/// scratch folder (see [`crate::results::output::Scratch`]). The results folder's
+/// `requests.csv` is then the header and these files in run order.
+#[derive(Debug)]
+pub struct Spool<'a> {
+    pub scratch: &'a Scratch,
+    /// Whether the rows start with a `point` column (the scenario has a sweep).
+    pub swept: bool,
+}
+
+impl Spool<'_> {
+    /// Writes job `i`'s rows and empties its records.
+    fn put(&self, i: usize, run: &mut PolicyRun) -> std::io::Result<()> {
+        let path = self.scratch.ensure()?.join(format!("job-{i}.csv"));
+        let f = std::io::BufWriter::new(std::fs::File::create(&path)?);
+        let mut w = csv::WriterBuilder::new().has_headers(false).from_writer(f);
+        write_request_rows(
+            &mut w,
+            self.swept,
+            run.summary.point.as_deref(),
+            run.policy.name(),
+            &run.report.records,
+        )
+        .map_err(std::io::Error::other)?;
+        w.flush()?;
+        run.report.records = Vec::new();
+        run.spooled = Some(path);
+        Ok(())
+    }
 }
 
 /// The store's sizes and GDSF costs, from the scenario's hardware and model.
@@ -246,6 +283,7 @@ pub fn simulate_watched(
         summary,
         link_bytes: outcome.link_bytes,
         wall: started.elapsed(),
+        spooled: None,
     })
 }
 
@@ -290,35 +328,68 @@ pub fn simulate_all(
     let jobs: Vec<Job> = s
         .policies
         .iter()
-        .map(|&p| (None, s, trace.clone(), p, None))
+        .map(|&policy| Job {
+            label: None,
+            scenario: s,
+            trace: trace.clone(),
+            policy,
+            progress: None,
+            index: 0,
+        })
         .collect();
-    run_jobs(&jobs, threads).into_iter().collect()
+    run_jobs(&jobs, threads, None)
+        .into_iter()
+        .map(|r| {
+            r.map_err(|e| match e {
+                RunError::Sim(e) => e,
+                other => unreachable!("without a spool, a run fails only in simulation: {other}"),
+            })
+        })
+        .collect()
 }
 
-/// A simulation to run: sweep point label, scenario, trace, policy, and where its progress
-/// goes.
-type Job<'a> = (
-    Option<&'a str>,
-    &'a Scenario,
-    Arc<Trace>,
-    PolicyKind,
-    Option<Arc<Progress>>,
-);
+/// A simulation to run.
+struct Job<'a> {
+    /// Its sweep point's label.
+    label: Option<&'a str>,
+    scenario: &'a Scenario,
+    trace: Arc<Trace>,
+    policy: PolicyKind,
+    /// Where its progress goes.
+    progress: Option<Arc<Progress>>,
+    /// Its index in the whole run.
+    index: usize,
+}
 
-/// Runs `jobs` on up to `threads` threads; results come back in job order.
-fn run_jobs(jobs: &[Job], threads: usize) -> Vec<Result<PolicyRun, SimError>> {
-    crate::sim::parallel_map(jobs, threads, |(label, sc, t, p, progress)| {
-        if let Some(pr) = progress {
+/// Runs `jobs` on up to `threads` threads; results come back in job order. With a spool, each
+/// run's request rows go to it as soon as the run ends.
+fn run_jobs(
+    jobs: &[Job],
+    threads: usize,
+    spool: Option<&Spool>,
+) -> Vec<Result<PolicyRun, RunError>> {
+    crate::sim::parallel_map(jobs, threads, |j| {
+        if let Some(pr) = &j.progress {
             pr.start();
         }
-        let mut r = simulate_watched(sc, t.clone(), *p, DEFAULT_CHECK_EVERY, progress.clone());
-        if let Some(pr) = progress {
+        let r = simulate_watched(
+            j.scenario,
+            j.trace.clone(),
+            j.policy,
+            DEFAULT_CHECK_EVERY,
+            j.progress.clone(),
+        );
+        if let Some(pr) = &j.progress {
             pr.finish();
         }
-        if let Ok(run) = &mut r {
-            run.summary.point = label.map(str::to_string);
+        let mut run = r?;
+        run.summary.point = j.label.map(str::to_string);
+        if let Some(spool) = spool {
+            spool
+                .put(j.index, &mut run)
+                .map_err(|e| RunError::Spool(spool.scratch.path().to_path_buf(), e))?;
         }
-        r
+        Ok(run)
     })
 }
 
@@ -326,7 +397,7 @@ fn run_jobs(jobs: &[Job], threads: usize) -> Vec<Result<PolicyRun, SimError>> {
 /// to `threads` simulations at once. Runs come back in order: points in sweep order, policies
 /// in scenario order; each is labelled with its point. Results do not depend on `threads`.
 pub fn simulate_experiment(s: &Scenario, threads: usize) -> Result<Vec<PolicyRun>, RunError> {
-    Ok(simulate_share(s, threads, None, None)?
+    Ok(simulate_share(s, threads, &RunOptions::default())?
         .into_iter()
         .map(|(_, r)| r)
         .collect())
@@ -341,15 +412,25 @@ pub fn jobs(s: &Scenario) -> usize {
     }
 }
 
-/// Like [`simulate_experiment`], but only the jobs of `share` (all without one), each with its
-/// index in the whole run (see [`crate::results::share`]). Traces are built only for the
-/// points the share simulates.
+/// How [`simulate_share`] runs an experiment's simulations.
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions<'a> {
+    /// Only this share of the jobs (see [`crate::results::share`]); all without one.
+    pub share: Option<crate::results::share::Share>,
+    /// Where each simulation's progress goes.
+    pub board: Option<&'a Board>,
+    /// Where each finished simulation's request rows go.
+    pub spool: Option<&'a Spool<'a>>,
+}
+
+/// Like [`simulate_experiment`], with [`RunOptions`]: each run comes back with its index in
+/// the whole run. Traces are built only for the points a share simulates.
 pub fn simulate_share(
     s: &Scenario,
     threads: usize,
-    share: Option<crate::results::share::Share>,
-    board: Option<&Board>,
+    o: &RunOptions,
 ) -> Result<Vec<(usize, PolicyRun)>, RunError> {
+    let (share, board) = (o.share, o.board);
     let points: Vec<(Option<&str>, &Scenario)> = if s.points.is_empty() {
         vec![(None, s)]
     } else {
@@ -360,7 +441,6 @@ pub fn simulate_share(
     };
     let owns = |i: usize| share.is_none_or(|sh| sh.owns(i));
     let mut jobs: Vec<Job> = Vec::new();
-    let mut index: Vec<usize> = Vec::new();
     let mut i = 0;
     for (label, sc) in &points {
         let mine: Vec<usize> = (i..i + sc.policies.len()).filter(|&j| owns(j)).collect();
@@ -373,27 +453,44 @@ pub fn simulate_share(
                         let at = label.map_or(String::new(), |l| format!("[{l}] "));
                         b.add(format!("{at}{}", p.name()), span)
                     });
-                    jobs.push((*label, *sc, t.clone(), p, progress));
-                    index.push(i + j);
+                    jobs.push(Job {
+                        label: *label,
+                        scenario: sc,
+                        trace: t.clone(),
+                        policy: p,
+                        progress,
+                        index: i + j,
+                    });
                 }
             }
         }
         i += sc.policies.len();
     }
-    run_jobs(&jobs, threads)
+    let index: Vec<usize> = jobs.iter().map(|j| j.index).collect();
+    run_jobs(&jobs, threads, o.spool)
         .into_iter()
         .zip(index)
-        .map(|(r, i)| r.map(|r| (i, r)).map_err(RunError::from))
+        .map(|(r, i)| r.map(|r| (i, r)))
         .collect()
 }
 
 /// Writes `requests.csv`, `summary.csv` and `scenario.toml` into `dir`, replacing it whole,
-/// then the plots and `report.md` made from those files.
+/// then the plots and `report.md` made from those files. Runs that were spooled give their
+/// rows from their files (all runs are spooled, or none).
 pub fn write_results(
     s: &Scenario,
     runs: &[PolicyRun],
     dir: &Path,
 ) -> std::io::Result<crate::results::Written> {
+    let summaries: Vec<Summary> = runs.iter().map(|r| r.summary.clone()).collect();
+    let spooled: Option<Vec<&Path>> = runs.iter().map(|r| r.spooled.as_deref()).collect();
+    if let Some(files) = spooled.filter(|f| !f.is_empty()) {
+        let rows = RequestRows::Spooled {
+            swept: !s.points.is_empty(),
+            files,
+        };
+        return crate::results::write_results_dir_with(&s.text, rows, &summaries, dir);
+    }
     let records: Vec<(Option<&str>, &str, &[crate::metrics::RequestRecord])> = runs
         .iter()
         .map(|r| {
@@ -404,6 +501,5 @@ pub fn write_results(
             )
         })
         .collect();
-    let summaries: Vec<Summary> = runs.iter().map(|r| r.summary.clone()).collect();
     crate::results::write_results_dir(&s.text, &records, &summaries, dir)
 }

@@ -26,8 +26,9 @@
 //!
 //! Crash states: during 1-2 the old results are intact and a partial temporary folder is left;
 //! after 3 the new results are complete in place and the old ones are left under the
-//! temporary name. Either way at most one temporary folder is left, and the next write to the
-//! same `DIR` removes it. Concurrent runs into one `DIR` each fill their own temporary folder,
+//! temporary name. Either way at most one temporary folder is left (two for `meshsim run`,
+//! whose [`Scratch`] folder of request rows also has a temporary name of `DIR`), and the next
+//! write to the same `DIR` removes it. Concurrent runs into one `DIR` each fill their own temporary folder,
 //! and each swap exchanges whole folders, so the last one wins whole and files never mix.
 //!
 //! **Portable path** (other systems, or file systems without `renameat2` flags): 3 becomes
@@ -208,6 +209,77 @@ pub fn replace_dir_atomically<T>(
         Err(e) => {
             let _ = remove_any(&tmp);
             Err(e)
+        }
+    }
+}
+
+/// A scratch folder beside a results folder, for what a run writes before its results (the
+/// request rows of finished simulations): a temporary name of that folder, so that a crash
+/// leaves it to the cleanup of the next write there ([`clean_stale`]). It is made at the
+/// first [`Scratch::ensure`] (so bad input found before then leaves nothing behind) and
+/// removed when dropped, with the parent folders it had to make if they are still empty.
+#[derive(Debug)]
+pub struct Scratch {
+    path: PathBuf,
+    parent: PathBuf,
+    name: OsString,
+    /// The outermost parent folder it made, once made.
+    made: std::sync::Mutex<Option<Option<PathBuf>>>,
+}
+
+impl Scratch {
+    /// The scratch folder beside `dir` (not made yet); `dir` should have passed
+    /// [`check_out_dir`].
+    pub fn beside(dir: &Path) -> Result<Scratch, OutputError> {
+        let (parent, name) = split(dir)?;
+        Ok(Scratch {
+            path: parent.join(temp_name(&name, "tmp")),
+            parent,
+            name,
+            made: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// Where the folder is (or will be).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Makes the folder (and its missing parents) if not made yet; returns its path.
+    pub fn ensure(&self) -> io::Result<&Path> {
+        let mut made = self.made.lock().expect("no panics while holding the lock");
+        if made.is_none() {
+            let mut outermost = None;
+            let mut p = self.parent.as_path();
+            while !p.as_os_str().is_empty() && fs::symlink_metadata(p).is_err() {
+                outermost = Some(p.to_path_buf());
+                p = p.parent().unwrap_or(Path::new(""));
+            }
+            fs::create_dir_all(&self.parent)?;
+            clean_stale(&self.parent, &self.name);
+            fs::create_dir(&self.path)?;
+            *made = Some(outermost);
+        }
+        Ok(&self.path)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let made = self.made.lock().map(|m| m.clone()).unwrap_or(None);
+        let Some(outermost) = made else {
+            return;
+        };
+        let _ = fs::remove_dir_all(&self.path);
+        // The parents it made, innermost first, while they are empty (`remove_dir` refuses a
+        // folder that is not).
+        if let Some(top) = outermost {
+            let mut p = self.parent.clone();
+            while p.starts_with(&top) && fs::remove_dir(&p).is_ok() {
+                if !p.pop() {
+                    break;
+                }
+            }
         }
     }
 }
