@@ -99,6 +99,15 @@ pub trait Context<M> {
     fn start(&mut self, work: Work, done: M) {
         self.start_then(work, Then::Notify(done));
     }
+    /// Starts a [`Work::Fetch`]: `done` is delivered when it ends, or `failed` when its source
+    /// lost that memory before the last byte landed (the source's node crashed, before or
+    /// during the read, or its store restarted during the read): a one-sided read of memory
+    /// that is gone ends with an error, never with the data. A host without memory losses
+    /// delivers `done`.
+    fn start_fetch(&mut self, work: Work, done: M, failed: M) {
+        let _ = failed;
+        self.start(work, done);
+    }
     /// This actor's own random stream.
     fn rng(&mut self) -> &mut Stream;
 }

@@ -46,6 +46,8 @@ pub struct SeedOutcome {
     /// Requests failed by a fault, and requests failed over to another instance.
     pub failed: u64,
     pub failovers: u64,
+    /// Load groups that failed because their source lost its memory mid-read.
+    pub failed_loads: u64,
     /// Faults the scenario injects.
     pub faults: usize,
     /// What the scenarios exercised (first simulation of each policy): preemptions of
@@ -321,6 +323,7 @@ pub fn run_seed(seed: u64) -> Result<SeedOutcome, SeedFailure> {
         rejected: 0,
         failed: 0,
         failovers: 0,
+        failed_loads: 0,
         faults: s.faults.len(),
         preemptions: 0,
         demoted: 0,
@@ -347,6 +350,7 @@ pub fn run_seed(seed: u64) -> Result<SeedOutcome, SeedFailure> {
                     out.replicated += st.stats.replicated;
                 }
                 out.failovers += r.report.failovers;
+                out.failed_loads += r.report.failed_loads;
                 for rec in &r.report.records {
                     match (rec.completed(), rec.rejected, rec.failed.is_some()) {
                         (true, false, false) => out.finished += 1,

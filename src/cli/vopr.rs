@@ -26,8 +26,8 @@ pub(crate) fn vopr(from: u64, count: u64, seed: Option<u64>, print: bool) -> Exi
                 simulations += o.simulations;
                 println!(
                     "seed {s}: ok ({} simulations, {} events, {} faults; requests: {} finished, \
-                     {} rejected, {} failed, {} failed over, {} preemptions; tensors: {} demoted, \
-                     {} dropped, {} replicated)",
+                     {} rejected, {} failed, {} failed over, {} preemptions, {} failed loads; \
+                     tensors: {} demoted, {} dropped, {} replicated)",
                     o.simulations,
                     o.events,
                     o.faults,
@@ -36,6 +36,7 @@ pub(crate) fn vopr(from: u64, count: u64, seed: Option<u64>, print: bool) -> Exi
                     o.failed,
                     o.failovers,
                     o.preemptions,
+                    o.failed_loads,
                     o.demoted,
                     o.dropped,
                     o.replicated

@@ -115,6 +115,8 @@ pub struct Report {
     pub outputs: Vec<(u32, Vec<u32>)>,
     /// Requests the router sent to another instance after theirs crashed (faults).
     pub failovers: u64,
+    /// Load groups that failed because their source lost its memory (faults).
+    pub failed_loads: u64,
 }
 
 impl Report {
@@ -128,8 +130,10 @@ impl Report {
             violations,
             outputs,
             failovers,
+            failed_loads,
         } = part;
         self.failovers += failovers;
+        self.failed_loads += failed_loads;
         self.records.extend(records);
         self.instances.extend(instances);
         if store.is_some() {

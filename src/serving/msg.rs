@@ -31,6 +31,9 @@ pub enum Msg {
     LookupReply(ReqId, Box<LoadPlan>, u32),
     /// To an instance: one group of a request's load has arrived (its fetch ended).
     Loaded(ReqId),
+    /// To an instance: one group of a request's load failed: its source's memory was lost
+    /// (node crash, store restart) before the last byte landed.
+    LoadFailed(ReqId),
     /// Instance -> its node's store server: the KV of these tensors (payload), to store.
     StoreWrite {
         chain: Box<Vec<TensorId>>,

@@ -34,8 +34,8 @@ use crate::serving::store::directory::{Directory, StoreParams};
 use crate::serving::store::metadata::Metadata;
 use crate::serving::store::server::StoreServer;
 use crate::sim::fault::Fault;
-use crate::sim::host::FetchOverhead;
 use crate::sim::host::{DEFAULT_CHECK_EVERY, SimHost};
+use crate::sim::host::{FetchOverhead, MemoryLoss};
 use crate::sim::kernel::SimError;
 use crate::sim::progress::{Board, Progress};
 use crate::units::Nanos;
@@ -313,6 +313,16 @@ fn inject(s: &Scenario, host: &mut SimHost<Msg>, targets: Targets) {
                 };
                 host.slow_device(place, at, until, factor);
             }
+            Fault::NodeCrash { node, at } => host.lose_memory(MemoryLoss {
+                node,
+                at,
+                crash: true,
+            }),
+            Fault::StoreRestart { node, at } => host.lose_memory(MemoryLoss {
+                node,
+                at,
+                crash: false,
+            }),
             _ => {}
         }
     }

@@ -59,8 +59,34 @@ enum Event<M> {
 #[derive(Debug)]
 enum After<M> {
     Deliver(ActorId, M),
+    /// A fetch's end: `done` to `to`, or `failed` when its source node's memory was lost
+    /// meanwhile (see [`MemoryLoss`]).
+    Fetched {
+        to: ActorId,
+        done: M,
+        failed: M,
+        node: u32,
+        started: Nanos,
+    },
     Send(Pending<M>),
     Nothing,
+}
+
+/// A node's host memory (and what it serves) lost at `at`: for good when the node crashed
+/// (every read from it that ends later fails), or at a store restart (reads in flight then
+/// fail; later ones read the restarted store).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MemoryLoss {
+    pub node: u32,
+    pub at: Nanos,
+    pub crash: bool,
+}
+
+impl MemoryLoss {
+    /// Whether a read from `node` started at `started` and ending at `end` fails.
+    fn fails(&self, node: u32, started: Nanos, end: Nanos) -> bool {
+        self.node == node && self.at <= end && (self.crash || self.at > started)
+    }
 }
 
 /// A message to send from `from` to `to` with a payload.
@@ -124,6 +150,8 @@ pub struct SimHost<M> {
     /// Hardware changes still to come, latest first (applied before the first event at or
     /// after their time), and each device's fraction of its full compute speed.
     changes: Vec<(Nanos, Change)>,
+    /// Node crashes and store restarts: reads whose source memory they lose fail.
+    losses: Vec<MemoryLoss>,
     device_speed: Vec<f64>,
     /// What each flow in the network does when it arrives, by flow id.
     arrivals: Vec<Option<OnArrival<M>>>,
@@ -157,6 +185,8 @@ struct Net<'a, M> {
     arrivals: &'a mut Vec<Option<OnArrival<M>>>,
     /// The place of every actor, by id.
     places: &'a [Place],
+    /// Memory losses of the run (node crashes, store restarts).
+    losses: &'a [MemoryLoss],
 }
 
 impl<M> Net<'_, M> {
@@ -164,6 +194,17 @@ impl<M> Net<'_, M> {
     fn after(&mut self, kernel: &mut Kernel<Event<M>>, at: Nanos, after: After<M>) {
         match after {
             After::Deliver(to, msg) => kernel.schedule(at, to, Event::Msg(msg)),
+            After::Fetched {
+                to,
+                done,
+                failed,
+                node,
+                started,
+            } => {
+                let lost = self.losses.iter().any(|l| l.fails(node, started, at));
+                let msg = if lost { failed } else { done };
+                kernel.schedule(at, to, Event::Msg(msg));
+            }
             After::Send(p) => self.send_at(kernel, at, p),
             After::Nothing => {}
         }
@@ -246,9 +287,26 @@ impl<M> Context<M> for SimCtx<'_, M> {
         let at = self.kernel.now() + after;
         self.kernel.schedule(at, self.me, Event::Msg(msg));
     }
+    fn start_fetch(&mut self, work: Work, done: M, failed: M) {
+        let node = match &work {
+            Work::Fetch { from, .. } => from.node(),
+            _ => None,
+        };
+        match node {
+            Some(node) => {
+                let after = After::Fetched {
+                    to: self.me,
+                    done,
+                    failed,
+                    node,
+                    started: self.kernel.now(),
+                };
+                self.start_after(work, after);
+            }
+            None => self.start(work, done),
+        }
+    }
     fn start_then(&mut self, work: Work, then: Then<M>) {
-        let now = self.kernel.now();
-        let here = self.net.places[self.me.0 as usize];
         let after = match then {
             Then::Notify(done) => After::Deliver(self.me, done),
             Then::Send {
@@ -263,6 +321,18 @@ impl<M> Context<M> for SimCtx<'_, M> {
             }),
             Then::Nothing => After::Nothing,
         };
+        self.start_after(work, after);
+    }
+    fn rng(&mut self) -> &mut Stream {
+        self.rng
+    }
+}
+
+impl<M> SimCtx<'_, M> {
+    /// Starts `work`; `after` happens when it ends.
+    fn start_after(&mut self, work: Work, after: After<M>) {
+        let now = self.kernel.now();
+        let here = self.net.places[self.me.0 as usize];
         let (transfer, extra) = match work {
             Work::Fetch {
                 from,
@@ -312,9 +382,6 @@ impl<M> Context<M> for SimCtx<'_, M> {
         });
         self.net.on(self.kernel, transfer, after, extra);
     }
-    fn rng(&mut self) -> &mut Stream {
-        self.rng
-    }
 }
 
 /// What a finished simulation gives back.
@@ -345,6 +412,7 @@ impl<M> SimHost<M> {
             check_every: DEFAULT_CHECK_EVERY,
             progress: None,
             changes: Vec::new(),
+            losses: Vec::new(),
             device_speed: Vec::new(),
             arrivals: Vec::new(),
             actor_events: 0,
@@ -388,6 +456,12 @@ impl<M> SimHost<M> {
 
     /// From `at` until `until`, compute at `place` runs at `factor` (in (0, 1]) of its speed:
     /// work started then takes `d / factor`.
+    /// Node `node`'s memory is lost at `at`, for good (`crash`) or by a store restart: reads
+    /// from it started with [`Context::start_fetch`] fail as [`MemoryLoss`] says.
+    pub fn lose_memory(&mut self, loss: MemoryLoss) {
+        self.losses.push(loss);
+    }
+
     pub fn slow_device(&mut self, place: Place, at: Nanos, until: Nanos, factor: f64) {
         let device = self.device(place);
         self.changes.push((at, Change::Device { device, factor }));
@@ -489,6 +563,7 @@ impl<M> SimHost<M> {
                 network: &mut self.network,
                 arrivals: &mut self.arrivals,
                 places: &self.places,
+                losses: &self.losses,
             };
             let msg = match event.msg {
                 Event::Flow { flow, version } => {
@@ -629,5 +704,105 @@ mod tests {
         let b = host(0, u64::MAX).run().unwrap();
         assert_eq!((a.events, a.end), (b.events, b.end));
         assert_eq!(a.events, 101);
+    }
+
+    /// Fetches 1 MB from node 1's memory at time 0 and records which message ended it.
+    struct Reader {
+        got: std::sync::Arc<std::sync::Mutex<Vec<(bool, Nanos)>>>,
+        start_at: Nanos,
+    }
+
+    impl Actor<bool> for Reader {
+        fn start(&mut self, ctx: &mut dyn Context<bool>) {
+            if self.start_at == Nanos::ZERO {
+                self.fetch(ctx);
+            } else {
+                ctx.timer(self.start_at, false);
+            }
+        }
+        fn handle(&mut self, ok: bool, ctx: &mut dyn Context<bool>) {
+            if ctx.now() == self.start_at && !ok && self.got.lock().unwrap().is_empty() {
+                return self.fetch(ctx);
+            }
+            self.got.lock().unwrap().push((ok, ctx.now()));
+        }
+        fn report(&self, _report: &mut Report) {}
+    }
+
+    impl Reader {
+        fn fetch(&mut self, ctx: &mut dyn Context<bool>) {
+            let work = Work::Fetch {
+                from: Place::Host { node: 1 },
+                medium: Medium::Memory,
+                bytes: 1_000_000,
+                segments: 1,
+            };
+            ctx.start_fetch(work, true, false);
+        }
+    }
+
+    /// (delivered `done`, at) of a 1 MB read at 1 GB/s (1 ms) started at `start_at`, with
+    /// `loss` applied to node 1.
+    fn read(start_at: Nanos, loss: Option<(Nanos, bool)>) -> (bool, Nanos) {
+        let link = LinkSpec::ideal(1e9, Nanos::ZERO);
+        let mut h: SimHost<bool> = SimHost::new(Network::fabric(2, link), Limits::default(), 1);
+        let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        h.add(
+            Box::new(Reader {
+                got: got.clone(),
+                start_at,
+            }),
+            Place::Host { node: 0 },
+        );
+        if let Some((at, crash)) = loss {
+            h.lose_memory(MemoryLoss { node: 1, at, crash });
+        }
+        h.run().unwrap();
+        let v = got.lock().unwrap().clone();
+        assert_eq!(v.len(), 1, "{v:?}");
+        v[0]
+    }
+
+    #[test]
+    fn a_read_fails_when_its_source_loses_the_memory_before_its_last_byte() {
+        let ms = |x: u64| Nanos(x * 1_000_000);
+        let (ok, end) = read(Nanos::ZERO, None);
+        assert!(ok);
+        assert!(end >= ms(1) && end < ms(2), "{end:?}");
+        // A crash or a restart while the read is in flight: it fails, when it would have
+        // ended (the reader learns from the read itself, whatever notice comes later).
+        assert_eq!(
+            read(Nanos::ZERO, Some((Nanos(500_000), true))),
+            (false, end)
+        );
+        assert_eq!(
+            read(Nanos::ZERO, Some((Nanos(500_000), false))),
+            (false, end)
+        );
+        // A loss after the read ended changes nothing.
+        assert_eq!(read(Nanos::ZERO, Some((ms(5), true))), (true, end));
+        // A read started after a crash fails; after a restart it reads the restarted store.
+        let later = read(ms(2), None);
+        assert!(later.0);
+        assert_eq!(read(ms(2), Some((ms(1), true))), (false, later.1));
+        assert_eq!(read(ms(2), Some((ms(1), false))), (true, later.1));
+        // Another node's loss does not touch it.
+        let link = LinkSpec::ideal(1e9, Nanos::ZERO);
+        let mut h: SimHost<bool> = SimHost::new(Network::fabric(3, link), Limits::default(), 1);
+        let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        h.add(
+            Box::new(Reader {
+                got: got.clone(),
+                start_at: Nanos::ZERO,
+            }),
+            Place::Host { node: 0 },
+        );
+        h.lose_memory(MemoryLoss {
+            node: 2,
+            at: Nanos(500_000),
+            crash: true,
+        });
+        h.run().unwrap();
+        assert!(got.lock().unwrap()[0].0);
     }
 }

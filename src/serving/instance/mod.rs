@@ -224,6 +224,8 @@ pub struct Instance {
     crashed: bool,
     losses: u32,
     stale_loads: BTreeMap<ReqId, u32>,
+    /// Load groups that failed (their source lost its memory mid-read).
+    failed_loads: u64,
 }
 
 impl Instance {
@@ -258,6 +260,7 @@ impl Instance {
             violations: Vec::new(),
             crashed: false,
             losses: 0,
+            failed_loads: 0,
             stale_loads: BTreeMap::new(),
         }
     }
@@ -615,6 +618,7 @@ impl Actor<Msg> for Instance {
             Msg::Crash => self.crashed = true,
             Msg::NodeDown(node) | Msg::StoreLost(node) => self.store_lost(node, ctx),
             Msg::Loaded(req) => self.loaded(req, ctx),
+            Msg::LoadFailed(req) => self.load_failed(req, ctx),
             other => {
                 let me = format!("instance {}", self.index);
                 unexpected(&mut self.violations, &me, &other)
@@ -631,6 +635,7 @@ impl Actor<Msg> for Instance {
 
     fn report(&self, report: &mut Report) {
         report.violations.extend(self.violations.iter().cloned());
+        report.failed_loads += self.failed_loads;
         if self.crashed {
             // Its state stopped at the crash; the router accounted for its requests.
             report.instances.push(self.stats());

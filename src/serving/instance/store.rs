@@ -56,7 +56,7 @@ impl Instance {
                 Location::Host => Medium::Memory,
                 Location::Ssd => Medium::Ssd,
             };
-            ctx.start(
+            ctx.start_fetch(
                 Work::Fetch {
                     from: Place::Host { node: g.node },
                     medium,
@@ -64,6 +64,7 @@ impl Instance {
                     segments: g.segments,
                 },
                 Msg::Loaded(seq.req),
+                Msg::LoadFailed(seq.req),
             );
         }
     }
@@ -105,16 +106,61 @@ impl Instance {
         }
     }
 
+    /// A group of a load abandoned after a store loss or a preemption ended (a request has at
+    /// most one load, so no live load of `req` is in flight): true if `req` had one.
+    fn stale_load_ended(&mut self, req: ReqId) -> bool {
+        let Some(n) = self.stale_loads.get_mut(&req) else {
+            return false;
+        };
+        *n -= 1;
+        if *n == 0 {
+            self.stale_loads.remove(&req);
+        }
+        true
+    }
+
+    /// One load group failed: its source lost the memory it read (a crash or a store restart
+    /// that this instance may not know of yet). The request's load is lost as in
+    /// [`Self::store_lost`]: a parked request releases its blocks and goes back to the head of
+    /// the queue, a running one is preempted; its other groups are ignored when they end.
+    pub(super) fn load_failed(&mut self, req: ReqId, ctx: &mut dyn Context<Msg>) {
+        if self.stale_load_ended(req) {
+            return;
+        }
+        self.failed_loads += 1;
+        let in_flight = |s: &Seq| s.req == req && s.load.as_ref().is_some_and(Load::in_flight);
+        if let Some(i) = self.parked.iter().position(in_flight) {
+            let mut seq = self.parked.remove(i);
+            if let Some(l) = seq.load.as_mut() {
+                l.pending -= 1;
+            }
+            self.lose_load(&mut seq);
+            self.release_blocks(&mut seq);
+            self.waiting.push_front(seq);
+        } else if let Some(i) = self.running.iter().position(in_flight) {
+            let mut seq = self.running.remove(i);
+            if let Some(l) = seq.load.as_mut() {
+                l.pending -= 1;
+            }
+            self.lose_load(&mut seq);
+            self.preempt(seq);
+        } else {
+            let me = format!("instance {}", self.index);
+            let what = format!("a failed load for request {} that is not loading", req.0);
+            unexpected(&mut self.violations, &me, &what);
+            return;
+        }
+        match (self.busy_since, self.phase) {
+            (None, _) => self.step(ctx),
+            (Some(_), Phase::Loads(compute_end)) => self.compute_done(compute_end, ctx),
+            _ => {}
+        }
+    }
+
     /// One load group arrived. When all have: a parked request joins the running batch; a
     /// layer-wise one lets its iteration finish if that iteration waits only for it.
     pub(super) fn loaded(&mut self, req: ReqId, ctx: &mut dyn Context<Msg>) {
-        if let Some(n) = self.stale_loads.get_mut(&req) {
-            // A group of a load abandoned after a store loss or a preemption (a request has
-            // at most one load, so no live load of `req` is in flight).
-            *n -= 1;
-            if *n == 0 {
-                self.stale_loads.remove(&req);
-            }
+        if self.stale_load_ended(req) {
             return;
         }
         let in_flight = |s: &Seq| s.req == req && s.load.as_ref().is_some_and(Load::in_flight);

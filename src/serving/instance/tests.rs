@@ -28,6 +28,8 @@ struct Script {
     /// Work ends to deliver: (time, order, message). A fetch of `b` bytes takes `b` ns.
     events: Vec<(Nanos, u64, Msg)>,
     order: u64,
+    /// Fetches end with their `failed` message (their source lost its memory).
+    fail_fetches: bool,
 }
 
 /// A batch backend that logs the shapes it is asked for; the script collects them when
@@ -88,6 +90,10 @@ impl Context<Msg> for Script {
         };
         self.order += 1;
         self.events.push((self.now + took, self.order, msg));
+    }
+    fn start_fetch(&mut self, work: Work, done: Msg, failed: Msg) {
+        let msg = if self.fail_fetches { failed } else { done };
+        self.start(work, msg);
     }
     fn rng(&mut self) -> &mut Stream {
         &mut self.rng
@@ -169,6 +175,7 @@ fn script() -> Script {
         writes: 0,
         events: Vec::new(),
         order: 0,
+        fail_fetches: false,
     }
 }
 
@@ -552,4 +559,60 @@ fn a_plan_the_gpu_cache_covers_by_admission_time_is_not_loaded() {
     assert_eq!(s.done[1].reused[Tier::Gpu as usize], 256);
     assert_eq!(s.done[1].reused.iter().sum::<u32>(), 256);
     assert_eq!(s.done[1].loaded_bytes, [0; Tier::ALL.len()]);
+}
+
+#[test]
+fn a_failed_load_sends_a_parked_request_back_to_compute_its_prompt() {
+    // Its source crashed mid-read, before any notice came: the read ends with an error.
+    let mut s = script();
+    s.fail_fetches = true;
+    let mut i = store_instance(trace(&[272], 2), LoadOverlap::None, 100, 1024, &s);
+    submit_with(&mut i, &mut s, 0, remote_plan(8, 100_000));
+    assert_eq!(i.parked.len(), 1);
+    run(&mut i, &mut s);
+    assert_eq!(s.sent, ["first 0", "finished 0 preempted 0"]);
+    assert_eq!(
+        s.done[0].reused,
+        [0; Tier::ALL.len()],
+        "nothing counts as loaded"
+    );
+    assert_eq!(s.done[0].loaded_bytes, [0; Tier::ALL.len()]);
+    // The whole prompt was computed, after the failure.
+    assert!(s.batches.iter().any(|b| b.new_tokens == 272));
+    assert_eq!(i.failed_loads, 1);
+    assert!(i.stale_loads.is_empty() && i.parked.is_empty());
+    assert!(i.violations.is_empty(), "{:?}", i.violations);
+}
+
+#[test]
+fn a_failed_load_preempts_a_layerwise_request_and_frees_its_iteration() {
+    let mut s = script();
+    s.fail_fetches = true;
+    let mut i = store_instance(trace(&[272], 2), LoadOverlap::Layerwise, 100, 1024, &s);
+    submit_with(&mut i, &mut s, 0, remote_plan(8, 100_000));
+    run(&mut i, &mut s);
+    assert_eq!(s.sent, ["first 0", "finished 0 preempted 1"]);
+    assert_eq!(s.done[0].reused, [0; Tier::ALL.len()]);
+    assert!(s.batches.iter().any(|b| b.new_tokens == 272));
+    assert_eq!(i.failed_loads, 1);
+    assert!(i.stale_loads.is_empty());
+    assert!(i.violations.is_empty(), "{:?}", i.violations);
+}
+
+#[test]
+fn a_failed_load_already_abandoned_after_a_notice_is_ignored() {
+    let mut s = script();
+    s.fail_fetches = true;
+    let mut i = store_instance(trace(&[272], 2), LoadOverlap::None, 100, 1024, &s);
+    submit_with(&mut i, &mut s, 0, remote_plan(8, 100_000));
+    s.now = Nanos(10_000);
+    i.handle(Msg::NodeDown(1), &mut s);
+    run(&mut i, &mut s);
+    assert_eq!(s.sent, ["first 0", "finished 0 preempted 0"]);
+    assert_eq!(
+        i.failed_loads, 0,
+        "the notice came first: the failure is a stale group's"
+    );
+    assert!(i.stale_loads.is_empty());
+    assert!(i.violations.is_empty(), "{:?}", i.violations);
 }
