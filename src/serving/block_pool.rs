@@ -11,6 +11,16 @@
 //!
 //! Every operation is O(1) per block: the free queue is an intrusive doubly linked list over
 //! block indices, and the hash index is a map keyed by the (already mixed) block hash.
+//!
+//! **Memory and speed.** A pool starts with every block free and untouched, in id order at the
+//! head of the queue; nothing is ever queued ahead of an untouched block (released blocks join
+//! the tail, and only registered blocks, which were touched, leave from the middle). So the
+//! untouched blocks are kept implicitly, as the ids from `blocks.len()` up to `num_blocks`,
+//! and a block's record is made when it is first allocated: a pool costs memory for the
+//! blocks it has used, not for the whole KV memory of its GPU (a cluster of 2,240 GPUs has 26 M
+//! blocks). Without caching, no block carries a hash or is shared, so which free block an
+//! allocation gets changes nothing that can be observed: free blocks then sit on a stack (the
+//! most recently released taken first), and blocks keep no record at all.
 
 use std::collections::HashMap;
 
@@ -29,12 +39,29 @@ struct Block {
     next: u32,
 }
 
+impl Block {
+    /// A block taken from the untouched ones by an allocation.
+    const ALLOCATED: Block = Block {
+        refs: 1,
+        hash: None,
+        prev: NIL,
+        next: NIL,
+    };
+}
+
 /// A fixed pool of KV blocks.
 #[derive(Debug)]
 pub struct BlockPool {
+    /// The blocks used so far, by id (with caching on; without, blocks have no record).
     blocks: Vec<Block>,
+    /// Blocks allocated at least once: ids from `touched` to `num_blocks` are untouched.
+    touched: u32,
+    num_blocks: u32,
+    /// The free queue's touched blocks (behind the untouched ones), with caching on.
     head: u32,
     tail: u32,
+    /// Free touched blocks, most recently released last, with caching off.
+    stack: Vec<BlockId>,
     free: u32,
     index: HashMap<u64, BlockId, IdBuildHasher>,
     caching: bool,
@@ -47,18 +74,18 @@ impl BlockPool {
             num_blocks > 0 && num_blocks < NIL,
             "block count out of range"
         );
-        let blocks = (0..num_blocks)
-            .map(|i| Block {
-                refs: 0,
-                hash: None,
-                prev: if i == 0 { NIL } else { i - 1 },
-                next: if i + 1 == num_blocks { NIL } else { i + 1 },
-            })
-            .collect();
         BlockPool {
-            blocks,
-            head: 0,
-            tail: num_blocks - 1,
+            // Reserved, not written: the system maps the pages that allocations touch.
+            blocks: if caching {
+                Vec::with_capacity(num_blocks as usize)
+            } else {
+                Vec::new()
+            },
+            touched: 0,
+            num_blocks,
+            head: NIL,
+            tail: NIL,
+            stack: Vec::new(),
             free: num_blocks,
             index: HashMap::default(),
             caching,
@@ -67,7 +94,7 @@ impl BlockPool {
     }
 
     pub fn num_blocks(&self) -> u32 {
-        self.blocks.len() as u32
+        self.num_blocks
     }
 
     /// Free blocks (including free blocks that still hold a registered prefix).
@@ -79,6 +106,11 @@ impl BlockPool {
     #[cfg(test)]
     pub fn cached_blocks(&self) -> usize {
         self.index.len()
+    }
+
+    /// Untouched blocks: the head of the free queue.
+    fn untouched(&self) -> u32 {
+        self.num_blocks - self.touched
     }
 
     /// The longest run of leading `hashes` that are registered, and how many of those are free.
@@ -120,7 +152,24 @@ impl BlockPool {
         if n > self.free {
             return false;
         }
-        for _ in 0..n {
+        if !self.caching {
+            // Recently released blocks first, then untouched ones.
+            let reused = (n as usize).min(self.stack.len());
+            out.extend(self.stack.drain(self.stack.len() - reused..).rev());
+            let fresh = n - reused as u32;
+            out.extend(self.touched..self.touched + fresh);
+            self.touched += fresh;
+            self.free -= n;
+            return true;
+        }
+        // Untouched blocks first: they head the free queue, in id order.
+        let fresh = n.min(self.untouched());
+        let first = self.touched;
+        self.blocks.extend((0..fresh).map(|_| Block::ALLOCATED));
+        self.touched += fresh;
+        out.extend(first..first + fresh);
+        self.free -= fresh;
+        for _ in fresh..n {
             let b = self.head;
             self.unlink(b);
             let block = &mut self.blocks[b as usize];
@@ -137,14 +186,18 @@ impl BlockPool {
     /// Drops one reference on each block, last block first; unreferenced blocks join the tail
     /// of the free queue (most recently used), keeping their hash if they have one.
     pub fn release(&mut self, blocks: &[BlockId]) {
+        if !self.caching {
+            // Each block has one holder; `check` finds blocks held twice.
+            self.stack.extend(blocks.iter().rev());
+            self.free += blocks.len() as u32;
+            assert!(self.free <= self.num_blocks, "blocks released twice");
+            return;
+        }
         for &b in blocks.iter().rev() {
             let block = &mut self.blocks[b as usize];
             assert!(block.refs > 0, "block {b} released twice");
             block.refs -= 1;
             if block.refs == 0 {
-                if !self.caching {
-                    block.hash = None;
-                }
                 self.push_tail(b);
             }
         }
@@ -191,8 +244,9 @@ impl BlockPool {
         self.free += 1;
     }
 
-    /// Checks the pool's invariants (for tests and debug runs): the free queue holds exactly
-    /// the unreferenced blocks, and the index points at blocks that carry its hash.
+    /// Checks the pool's invariants (for tests and debug runs): the free queue (the untouched
+    /// blocks, then the linked list or the stack) holds exactly the unreferenced blocks, and
+    /// the index points at blocks that carry its hash.
     pub fn check(&self) -> Result<(), String> {
         let mut n = 0;
         let mut b = self.head;
@@ -212,10 +266,15 @@ impl BlockPool {
             prev = b;
             b = block.next;
         }
+        if !self.caching {
+            return self.check_stack();
+        }
         let unreferenced = self.blocks.iter().filter(|b| b.refs == 0).count();
-        if n != unreferenced || n != self.free as usize {
+        let untouched = self.untouched() as usize;
+        if n != unreferenced || n + untouched != self.free as usize {
             return Err(format!(
-                "free queue holds {n}, counter says {}, unreferenced blocks {unreferenced}",
+                "free queue holds {n} and {untouched} untouched, counter says {}, \
+                 unreferenced blocks {unreferenced}",
                 self.free
             ));
         }
@@ -225,6 +284,30 @@ impl BlockPool {
                     "index maps {h:#x} to block {b} which does not hold it"
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// Without caching: the stack holds distinct touched blocks, and with the untouched ones
+    /// as many as the free counter says. (The instance checks that held blocks are distinct.)
+    fn check_stack(&self) -> Result<(), String> {
+        if self.head != NIL || !self.blocks.is_empty() || !self.index.is_empty() {
+            return Err("a pool without caching keeps block records".into());
+        }
+        let mut seen = vec![false; self.touched as usize];
+        for &b in &self.stack {
+            match seen.get_mut(b as usize) {
+                Some(s) if !*s => *s = true,
+                _ => return Err(format!("block {b} is free twice or was never allocated")),
+            }
+        }
+        if self.stack.len() + self.untouched() as usize != self.free as usize {
+            return Err(format!(
+                "{} free blocks on the stack and {} untouched, counter says {}",
+                self.stack.len(),
+                self.untouched(),
+                self.free
+            ));
         }
         Ok(())
     }
@@ -292,6 +375,40 @@ mod tests {
         pool.register(a[0], 1);
         assert_eq!(pool.cached_blocks(), 0, "caching off registers nothing");
         pool.release(&a);
+        assert_eq!(pool.free_blocks(), 4);
+        pool.check().unwrap();
+    }
+
+    #[test]
+    fn untouched_blocks_head_the_free_queue_in_id_order_and_get_a_record_when_first_used() {
+        let mut pool = BlockPool::new(5, true);
+        let mut a = Vec::new();
+        assert!(pool.allocate(2, &mut a));
+        assert_eq!(a, [0, 1]);
+        assert_eq!(pool.blocks.len(), 2);
+        pool.release(&a);
+        // Free queue: the untouched 2, 3, 4, then a1, a0 (released last block first).
+        let mut b = Vec::new();
+        assert!(pool.allocate(5, &mut b));
+        assert_eq!(b, [2, 3, 4, 1, 0]);
+        pool.check().unwrap();
+        pool.release(&b);
+        assert_eq!(pool.free_blocks(), 5);
+        pool.check().unwrap();
+    }
+
+    #[test]
+    fn without_caching_released_blocks_are_reused_first_and_untouched_ones_after() {
+        let mut pool = BlockPool::new(4, false);
+        let mut a = Vec::new();
+        assert!(pool.allocate(2, &mut a));
+        pool.release(&a);
+        let mut b = Vec::new();
+        assert!(pool.allocate(3, &mut b));
+        assert_eq!(b, [0, 1, 2]);
+        assert_eq!(pool.free_blocks(), 1);
+        pool.check().unwrap();
+        pool.release(&b);
         assert_eq!(pool.free_blocks(), 4);
         pool.check().unwrap();
     }
