@@ -11,6 +11,7 @@ pub mod instance;
 pub mod kv_routing;
 pub mod msg;
 pub mod policy;
+pub mod prompt_hashes;
 pub mod router;
 pub mod run;
 pub mod scenario;

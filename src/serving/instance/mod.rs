@@ -88,6 +88,7 @@ use crate::metrics::Tier;
 use crate::metrics::{InstanceStats, Report};
 use crate::model::cost::BatchShape;
 use crate::serving::policy::Policy;
+use crate::serving::prompt_hashes::PromptHashes;
 use crate::serving::store::LoadOverlap;
 use crate::serving::store::directory::{LoadGroup, LoadPlan, Location};
 use crate::units::Nanos;
@@ -200,6 +201,8 @@ pub struct Instance {
     index: u32,
     router: ActorId,
     trace: Arc<Trace>,
+    /// The prompts' block hashes (a memo shared by the actors of a simulation).
+    hashes: Arc<PromptHashes>,
     policy: Arc<dyn Policy>,
     cfg: InstanceConfig,
     pool: BlockPool,
@@ -241,6 +244,7 @@ impl Instance {
         Instance {
             index,
             router,
+            hashes: Arc::new(PromptHashes::new(trace.clone())),
             trace,
             pool: BlockPool::new(cfg.num_blocks, policy.keep_gpu_blocks()),
             policy,
@@ -260,6 +264,12 @@ impl Instance {
             losses: 0,
             stale_loads: BTreeMap::new(),
         }
+    }
+
+    /// Takes the prompts' block hashes from `hashes` (shared with the other actors).
+    pub fn with_prompt_hashes(mut self, hashes: Arc<PromptHashes>) -> Instance {
+        self.hashes = hashes;
+        self
     }
 
     pub fn stats(&self) -> InstanceStats {
@@ -292,7 +302,7 @@ impl Instance {
         }
         let mut hashes = Vec::new();
         if self.look_in_gpu || self.store.is_some() {
-            self.trace
+            self.hashes
                 .block_hashes(req, self.cfg.block_size as usize, &mut hashes);
         }
         let mut seq = Seq {
