@@ -10,7 +10,10 @@
 //! blocks of a prompt are the ones other prompts are most likely to share.
 //!
 //! Every operation is O(1) per block: the free queue is an intrusive doubly linked list over
-//! block indices, and the hash index is a map keyed by the (already mixed) block hash.
+//! block indices, and the hash index is a table keyed by the (already mixed) block hash
+//! ([`BlockIndex`]). Operations on a run of blocks (registering a chunk, looking a prompt up,
+//! evicting for an allocation) ask for the index slots of the blocks a few ahead, so that the
+//! cache misses of a cold pool overlap.
 //!
 //! **Memory and speed.** A pool starts with every block free and untouched, in id order at the
 //! head of the queue; nothing is ever queued ahead of an untouched block (released blocks join
@@ -22,10 +25,11 @@
 //! allocation gets changes nothing that can be observed: free blocks then sit on a stack (the
 //! most recently released taken first), and blocks keep no record at all.
 
-use std::collections::HashMap;
-
-use crate::hash::IdBuildHasher;
+use super::block_index::BlockIndex;
 use crate::metrics::PoolStats;
+
+/// How many blocks ahead a run of index operations asks for its slots.
+const AHEAD: usize = 8;
 
 pub type BlockId = u32;
 const NIL: u32 = u32::MAX;
@@ -63,7 +67,7 @@ pub struct BlockPool {
     /// Free touched blocks, most recently released last, with caching off.
     stack: Vec<BlockId>,
     free: u32,
-    index: HashMap<u64, BlockId, IdBuildHasher>,
+    index: BlockIndex,
     caching: bool,
     pub stats: PoolStats,
 }
@@ -87,7 +91,7 @@ impl BlockPool {
             tail: NIL,
             stack: Vec::new(),
             free: num_blocks,
-            index: HashMap::default(),
+            index: BlockIndex::default(),
             caching,
             stats: PoolStats::default(),
         }
@@ -120,9 +124,12 @@ impl BlockPool {
         }
         let mut hits = 0;
         let mut free = 0;
-        for h in hashes {
+        for (i, &h) in hashes.iter().enumerate() {
+            if let Some(&ahead) = hashes.get(i + AHEAD) {
+                self.index.prefetch(ahead);
+            }
             match self.index.get(h) {
-                Some(&b) => {
+                Some(b) => {
                     hits += 1;
                     free += (self.blocks[b as usize].refs == 0) as u32;
                 }
@@ -135,8 +142,11 @@ impl BlockPool {
     /// Takes a reference on the blocks registered under `hashes` (all must be registered) and
     /// appends them to `out`.
     pub fn take_cached(&mut self, hashes: &[u64], out: &mut Vec<BlockId>) {
-        for h in hashes {
-            let b = self.index[h];
+        for &h in hashes {
+            let b = self
+                .index
+                .get(h)
+                .expect("take_cached takes registered blocks");
             if self.blocks[b as usize].refs == 0 {
                 self.unlink(b);
             }
@@ -169,16 +179,27 @@ impl BlockPool {
         self.touched += fresh;
         out.extend(first..first + fresh);
         self.free -= fresh;
+        // Then the head of the linked queue: first walk it to ask for the index slots of the
+        // hashes to drop, then take the blocks (in the same order).
+        let taken = out.len();
+        let mut b = self.head;
         for _ in fresh..n {
-            let b = self.head;
+            let block = &self.blocks[b as usize];
+            if let Some(h) = block.hash {
+                self.index.prefetch(h);
+            }
+            out.push(b);
+            b = block.next;
+        }
+        for &b in &out[taken..] {
+            debug_assert_eq!(b, self.head);
             self.unlink(b);
             let block = &mut self.blocks[b as usize];
             if let Some(h) = block.hash.take() {
-                self.index.remove(&h);
+                self.index.remove(h);
                 self.stats.evictions += 1;
             }
             block.refs = 1;
-            out.push(b);
         }
         true
     }
@@ -209,9 +230,22 @@ impl BlockPool {
         if !self.caching || self.blocks[b as usize].hash.is_some() {
             return;
         }
-        if let std::collections::hash_map::Entry::Vacant(e) = self.index.entry(hash) {
-            e.insert(b);
+        if self.index.insert_new(hash, b) {
             self.blocks[b as usize].hash = Some(hash);
+        }
+    }
+
+    /// Registers `blocks[i]` under `hashes[i]` for every `i`, as [`BlockPool::register`].
+    pub fn register_all(&mut self, blocks: &[BlockId], hashes: &[u64]) {
+        debug_assert_eq!(blocks.len(), hashes.len());
+        if !self.caching {
+            return;
+        }
+        for (i, (&b, &h)) in blocks.iter().zip(hashes).enumerate() {
+            if let Some(&ahead) = hashes.get(i + AHEAD) {
+                self.index.prefetch(ahead);
+            }
+            self.register(b, h);
         }
     }
 
@@ -278,8 +312,15 @@ impl BlockPool {
                 self.free
             ));
         }
-        for (h, &b) in &self.index {
-            if self.blocks[b as usize].hash != Some(*h) {
+        let registered = self.blocks.iter().filter(|b| b.hash.is_some()).count();
+        if registered != self.index.len() {
+            return Err(format!(
+                "{registered} blocks hold a hash, the index has {}",
+                self.index.len()
+            ));
+        }
+        for (h, b) in self.index.iter() {
+            if self.blocks[b as usize].hash != Some(h) {
                 return Err(format!(
                     "index maps {h:#x} to block {b} which does not hold it"
                 ));

@@ -5,6 +5,7 @@
 //! Actors ([`router::Router`], [`instance::Instance`], [`store::server::StoreServer`],
 //! [`store::metadata::Metadata`]) exchange [`Msg`]; [`policy`] holds the strategies.
 
+pub(crate) mod block_index;
 pub(crate) mod block_pool;
 pub mod chaos;
 pub mod instance;

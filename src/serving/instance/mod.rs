@@ -558,9 +558,10 @@ impl Instance {
             if keep {
                 let full = seq.computed.min(seq.prompt_len) / block_size;
                 let full = full.min(seq.hashes.len() as u32);
-                for b in seq.registered..full {
+                if seq.registered < full {
+                    let run = seq.registered as usize..full as usize;
                     self.pool
-                        .register(seq.blocks[b as usize], seq.hashes[b as usize]);
+                        .register_all(&seq.blocks[run.clone()], &seq.hashes[run]);
                 }
                 seq.registered = seq.registered.max(full);
             }

@@ -1,0 +1,198 @@
+//! The hash index of a block pool: registered block hash -> block id.
+//!
+//! An open-addressing table with linear probing: a key's home slot is given by its top bits
+//! (keys are already well-mixed 64-bit block hashes, see [`crate::hash`]), a lookup walks from
+//! there to the key or to an empty slot, and a removal shifts the following entries back
+//! instead of leaving a tombstone. The table doubles when it is three quarters full. A slot is
+//! 16 bytes (the key, and the block id plus one, 0 marking an empty slot), so a lookup usually
+//! reads one cache line.
+//!
+//! Why not `HashMap`: at cluster scale every pool is cold when its instance's event comes (a
+//! run touches 2,240 pools in turn), so each block registered, looked up or evicted costs a
+//! cache miss. The pool knows the keys of a whole run of blocks in advance, and
+//! [`BlockIndex::prefetch`] lets it ask for their slots a few blocks ahead, so the misses
+//! overlap instead of following one another. Nothing iterates the table except checks, so its
+//! order never reaches a result.
+
+/// An empty slot: block field 0.
+const EMPTY: [u64; 2] = [0, 0];
+/// The smallest table.
+const MIN_SLOTS: usize = 64;
+
+/// Registered hash -> block id (see the module doc).
+#[derive(Debug, Default)]
+pub struct BlockIndex {
+    /// `[key, block + 1]`; empty or a power of two long.
+    slots: Vec<[u64; 2]>,
+    len: usize,
+}
+
+impl BlockIndex {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn mask(&self) -> usize {
+        self.slots.len() - 1
+    }
+
+    /// The home slot of `key`: its top bits.
+    fn home(&self, key: u64) -> usize {
+        let bits = self.slots.len().trailing_zeros();
+        (key >> (64 - bits)) as usize
+    }
+
+    /// The slot holding `key`, or the empty slot where it would go.
+    fn find(&self, key: u64) -> (usize, bool) {
+        let mut i = self.home(key);
+        // Bounded: the table always has an empty slot (it is at most 3/4 full).
+        loop {
+            let s = self.slots[i];
+            if s[1] == 0 {
+                return (i, false);
+            }
+            if s[0] == key {
+                return (i, true);
+            }
+            i = (i + 1) & self.mask();
+        }
+    }
+
+    pub fn get(&self, key: u64) -> Option<u32> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        match self.find(key) {
+            (i, true) => Some((self.slots[i][1] - 1) as u32),
+            _ => None,
+        }
+    }
+
+    /// Maps `key` to `block` unless it is mapped already; returns whether it inserted.
+    pub fn insert_new(&mut self, key: u64, block: u32) -> bool {
+        if (self.len + 1) * 4 > self.slots.len() * 3 {
+            self.grow();
+        }
+        match self.find(key) {
+            (_, true) => false,
+            (i, false) => {
+                self.slots[i] = [key, block as u64 + 1];
+                self.len += 1;
+                true
+            }
+        }
+    }
+
+    /// Unmaps `key`; returns the block it was mapped to.
+    pub fn remove(&mut self, key: u64) -> Option<u32> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        let (mut hole, found) = self.find(key);
+        if !found {
+            return None;
+        }
+        let block = (self.slots[hole][1] - 1) as u32;
+        let mask = self.mask();
+        let mut j = hole;
+        // Backward shift: move up every following entry whose home is not between the hole
+        // and it (cyclically). Bounded by the run of full slots after the hole.
+        loop {
+            j = (j + 1) & mask;
+            let s = self.slots[j];
+            if s[1] == 0 {
+                break;
+            }
+            let home = self.home(s[0]);
+            // Distance from home to j, and from the hole to j, going forward.
+            if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask) {
+                self.slots[hole] = s;
+                hole = j;
+            }
+        }
+        self.slots[hole] = EMPTY;
+        self.len -= 1;
+        Some(block)
+    }
+
+    /// Asks the processor to bring `key`'s home slot into the cache (a hint: nothing else
+    /// changes).
+    #[inline]
+    pub fn prefetch(&self, key: u64) {
+        if self.slots.is_empty() {
+            return;
+        }
+        let p = self.slots.as_ptr().wrapping_add(self.home(key));
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a prefetch is a hint that never faults and has no effect on memory; `p`
+        // points into `slots` anyway.
+        unsafe {
+            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+            _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>());
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = p;
+    }
+
+    fn grow(&mut self) {
+        let slots = (self.slots.len() * 2).max(MIN_SLOTS);
+        let old = std::mem::replace(&mut self.slots, vec![EMPTY; slots]);
+        for s in old {
+            if s[1] != 0 {
+                let (i, _) = self.find(s[0]);
+                self.slots[i] = s;
+            }
+        }
+    }
+
+    /// Every `(key, block)`, in no meaningful order (for checks).
+    pub fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.slots
+            .iter()
+            .filter(|s| s[1] != 0)
+            .map(|s| (s[0], (s[1] - 1) as u32))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hash::mix64;
+    use std::collections::HashMap;
+
+    #[test]
+    fn the_index_agrees_with_a_map_through_inserts_and_removals_that_wrap_and_collide() {
+        let mut index = BlockIndex::default();
+        let mut model: HashMap<u64, u32> = HashMap::new();
+        // Keys with equal top bits collide; keys near u64::MAX have homes at the end, so
+        // their runs wrap around.
+        let key = |i: u64| match i % 3 {
+            0 => mix64(i),
+            1 => (i << 8) | 0xff,
+            _ => u64::MAX - i,
+        };
+        for round in 0..5_000u64 {
+            let k = key(round % 700);
+            if round % 5 < 3 {
+                let fresh = !model.contains_key(&k);
+                assert_eq!(index.insert_new(k, round as u32), fresh);
+                model.entry(k).or_insert(round as u32);
+            } else {
+                assert_eq!(index.remove(k), model.remove(&k));
+            }
+            assert_eq!(index.len(), model.len());
+        }
+        for i in 0..700 {
+            assert_eq!(index.get(key(i)), model.get(&key(i)).copied());
+        }
+        let mut all: Vec<(u64, u32)> = index.iter().collect();
+        all.sort();
+        let mut want: Vec<(u64, u32)> = model.into_iter().collect();
+        want.sort();
+        assert_eq!(all, want);
+    }
+}
