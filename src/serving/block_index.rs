@@ -3,9 +3,11 @@
 //! An open-addressing table with linear probing: a key's home slot is given by its top bits
 //! (keys are already well-mixed 64-bit block hashes, see [`crate::hash`]), a lookup walks from
 //! there to the key or to an empty slot, and a removal shifts the following entries back
-//! instead of leaving a tombstone. The table doubles when it is three quarters full. A slot is
-//! 16 bytes (the key, and the block id plus one, 0 marking an empty slot), so a lookup usually
-//! reads one cache line.
+//! instead of leaving a tombstone. A pool registers at most one hash per block, so the table
+//! is sized once for its pool's blocks at 3/5 full at most (short probe runs: about 2 slots
+//! for a hit, 4 for a miss). A slot is 16 bytes (the key, and the block id plus one, 0
+//! marking an empty slot), so a lookup usually reads one cache line; the slots are allocated
+//! zeroed, so the system maps their pages only as entries land in them.
 //!
 //! Why not `HashMap`: at cluster scale every pool is cold when its instance's event comes (a
 //! run touches 2,240 pools in turn), so each block registered, looked up or evicted costs a
@@ -16,18 +18,28 @@
 
 /// An empty slot: block field 0.
 const EMPTY: [u64; 2] = [0, 0];
-/// The smallest table.
-const MIN_SLOTS: usize = 64;
 
 /// Registered hash -> block id (see the module doc).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct BlockIndex {
-    /// `[key, block + 1]`; empty or a power of two long.
+    /// `[key, block + 1]`.
     slots: Vec<[u64; 2]>,
     len: usize,
+    /// Most entries (3/5 of the slots).
+    max: usize,
 }
 
 impl BlockIndex {
+    /// An index for at most `max` entries.
+    pub fn new(max: usize) -> BlockIndex {
+        let slots = max * 5 / 3 + 1;
+        BlockIndex {
+            slots: vec![EMPTY; slots],
+            len: 0,
+            max,
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }
@@ -36,20 +48,28 @@ impl BlockIndex {
         self.len == 0
     }
 
-    fn mask(&self) -> usize {
-        self.slots.len() - 1
+    /// The home slot of `key`, from its top 32 bits.
+    fn home(&self, key: u64) -> usize {
+        (((key >> 32) * self.slots.len() as u64) >> 32) as usize
     }
 
-    /// The home slot of `key`: its top bits.
-    fn home(&self, key: u64) -> usize {
-        let bits = self.slots.len().trailing_zeros();
-        (key >> (64 - bits)) as usize
+    fn next(&self, i: usize) -> usize {
+        if i + 1 == self.slots.len() { 0 } else { i + 1 }
+    }
+
+    /// Slots from `from` forward to `to`, cyclically.
+    fn distance(&self, from: usize, to: usize) -> usize {
+        if to >= from {
+            to - from
+        } else {
+            to + self.slots.len() - from
+        }
     }
 
     /// The slot holding `key`, or the empty slot where it would go.
     fn find(&self, key: u64) -> (usize, bool) {
         let mut i = self.home(key);
-        // Bounded: the table always has an empty slot (it is at most 3/4 full).
+        // Bounded: the table always has an empty slot (it is at most 3/5 full).
         loop {
             let s = self.slots[i];
             if s[1] == 0 {
@@ -58,14 +78,11 @@ impl BlockIndex {
             if s[0] == key {
                 return (i, true);
             }
-            i = (i + 1) & self.mask();
+            i = self.next(i);
         }
     }
 
     pub fn get(&self, key: u64) -> Option<u32> {
-        if self.slots.is_empty() {
-            return None;
-        }
         match self.find(key) {
             (i, true) => Some((self.slots[i][1] - 1) as u32),
             _ => None,
@@ -74,12 +91,14 @@ impl BlockIndex {
 
     /// Maps `key` to `block` unless it is mapped already; returns whether it inserted.
     pub fn insert_new(&mut self, key: u64, block: u32) -> bool {
-        if (self.len + 1) * 4 > self.slots.len() * 3 {
-            self.grow();
-        }
         match self.find(key) {
             (_, true) => false,
             (i, false) => {
+                assert!(
+                    self.len < self.max,
+                    "block index over its {} entries",
+                    self.max
+                );
                 self.slots[i] = [key, block as u64 + 1];
                 self.len += 1;
                 true
@@ -89,27 +108,23 @@ impl BlockIndex {
 
     /// Unmaps `key`; returns the block it was mapped to.
     pub fn remove(&mut self, key: u64) -> Option<u32> {
-        if self.slots.is_empty() {
-            return None;
-        }
         let (mut hole, found) = self.find(key);
         if !found {
             return None;
         }
         let block = (self.slots[hole][1] - 1) as u32;
-        let mask = self.mask();
         let mut j = hole;
         // Backward shift: move up every following entry whose home is not between the hole
         // and it (cyclically). Bounded by the run of full slots after the hole.
         loop {
-            j = (j + 1) & mask;
+            j = self.next(j);
             let s = self.slots[j];
             if s[1] == 0 {
                 break;
             }
             let home = self.home(s[0]);
             // Distance from home to j, and from the hole to j, going forward.
-            if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask) {
+            if self.distance(home, j) >= self.distance(hole, j) {
                 self.slots[hole] = s;
                 hole = j;
             }
@@ -123,9 +138,6 @@ impl BlockIndex {
     /// changes).
     #[inline]
     pub fn prefetch(&self, key: u64) {
-        if self.slots.is_empty() {
-            return;
-        }
         let p = self.slots.as_ptr().wrapping_add(self.home(key));
         #[cfg(target_arch = "x86_64")]
         // SAFETY: a prefetch is a hint that never faults and has no effect on memory; `p`
@@ -136,17 +148,6 @@ impl BlockIndex {
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = p;
-    }
-
-    fn grow(&mut self) {
-        let slots = (self.slots.len() * 2).max(MIN_SLOTS);
-        let old = std::mem::replace(&mut self.slots, vec![EMPTY; slots]);
-        for s in old {
-            if s[1] != 0 {
-                let (i, _) = self.find(s[0]);
-                self.slots[i] = s;
-            }
-        }
     }
 
     /// Every `(key, block)`, in no meaningful order (for checks).
@@ -166,14 +167,14 @@ mod tests {
 
     #[test]
     fn the_index_agrees_with_a_map_through_inserts_and_removals_that_wrap_and_collide() {
-        let mut index = BlockIndex::default();
+        let mut index = BlockIndex::new(700);
         let mut model: HashMap<u64, u32> = HashMap::new();
         // Keys with equal top bits collide; keys near u64::MAX have homes at the end, so
         // their runs wrap around.
         let key = |i: u64| match i % 3 {
             0 => mix64(i),
             1 => (i << 8) | 0xff,
-            _ => u64::MAX - i,
+            _ => u64::MAX - (i << 20),
         };
         for round in 0..5_000u64 {
             let k = key(round % 700);

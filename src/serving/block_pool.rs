@@ -91,7 +91,7 @@ impl BlockPool {
             tail: NIL,
             stack: Vec::new(),
             free: num_blocks,
-            index: BlockIndex::default(),
+            index: BlockIndex::new(if caching { num_blocks as usize } else { 0 }),
             caching,
             stats: PoolStats::default(),
         }
