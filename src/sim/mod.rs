@@ -4,5 +4,6 @@ pub mod fault;
 pub mod host;
 pub mod kernel;
 mod parallel;
+pub mod prefetch;
 
 pub use parallel::parallel_map;
