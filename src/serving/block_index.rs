@@ -16,6 +16,8 @@
 //! overlap instead of following one another. Nothing iterates the table except checks, so its
 //! order never reaches a result.
 
+use crate::sim::prefetch;
+
 /// An empty slot: block field 0.
 const EMPTY: [u64; 2] = [0, 0];
 
@@ -134,20 +136,11 @@ impl BlockIndex {
         Some(block)
     }
 
-    /// Asks the processor to bring `key`'s home slot into the cache (a hint: nothing else
-    /// changes).
+    /// Asks the processor to bring `key`'s home slot into the cache (a hint:
+    /// [`crate::sim::prefetch`]).
     #[inline]
     pub fn prefetch(&self, key: u64) {
-        let p = self.slots.as_ptr().wrapping_add(self.home(key));
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: a prefetch is a hint that never faults and has no effect on memory; `p`
-        // points into `slots` anyway.
-        unsafe {
-            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-            _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>());
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = p;
+        prefetch::value(&self.slots[self.home(key)]);
     }
 
     /// Every `(key, block)`, in no meaningful order (for checks).
