@@ -91,6 +91,7 @@ use crate::serving::policy::Policy;
 use crate::serving::prompt_hashes::PromptHashes;
 use crate::serving::store::LoadOverlap;
 use crate::serving::store::directory::{LoadGroup, LoadPlan, Location};
+use crate::sim::prefetch;
 use crate::units::Nanos;
 use crate::workload::{ReqId, Trace};
 
@@ -387,6 +388,8 @@ impl Instance {
     /// Plans and starts the next iteration, if there is anything to compute.
     fn step(&mut self, ctx: &mut dyn Context<Msg>) {
         debug_assert!(self.busy_since.is_none());
+        // The backend prices the iteration at the end; at scale it is cold (a cache hint).
+        prefetch::value(&*self.backend);
         let mut budget = self.cfg.max_batched_tokens;
         let mut shape = BatchShape::default();
         let mut preempted = false;
