@@ -34,23 +34,36 @@ const AHEAD: usize = 8;
 pub type BlockId = u32;
 const NIL: u32 = u32::MAX;
 
+/// A block's record: 24 bytes (an `Option<u64>` would make it 32).
 #[derive(Clone, Copy, Debug)]
 struct Block {
+    /// Registered hash, if `registered`.
+    hash: u64,
     refs: u32,
-    /// Registered hash, if any.
-    hash: Option<u64>,
     prev: u32,
     next: u32,
+    registered: bool,
 }
 
 impl Block {
     /// A block taken from the untouched ones by an allocation.
     const ALLOCATED: Block = Block {
+        hash: 0,
         refs: 1,
-        hash: None,
         prev: NIL,
         next: NIL,
+        registered: false,
     };
+
+    fn hash(&self) -> Option<u64> {
+        self.registered.then_some(self.hash)
+    }
+
+    fn take_hash(&mut self) -> Option<u64> {
+        let h = self.hash();
+        self.registered = false;
+        h
+    }
 }
 
 /// A fixed pool of KV blocks.
@@ -185,7 +198,7 @@ impl BlockPool {
         let mut b = self.head;
         for _ in fresh..n {
             let block = &self.blocks[b as usize];
-            if let Some(h) = block.hash {
+            if let Some(h) = block.hash() {
                 self.index.prefetch(h);
             }
             out.push(b);
@@ -195,7 +208,7 @@ impl BlockPool {
             debug_assert_eq!(b, self.head);
             self.unlink(b);
             let block = &mut self.blocks[b as usize];
-            if let Some(h) = block.hash.take() {
+            if let Some(h) = block.take_hash() {
                 self.index.remove(h);
                 self.stats.evictions += 1;
             }
@@ -227,11 +240,13 @@ impl BlockPool {
     /// Registers a full block under `hash` once its KV is computed. If another block already
     /// holds the same prefix, the index keeps that one (both hold identical KV).
     pub fn register(&mut self, b: BlockId, hash: u64) {
-        if !self.caching || self.blocks[b as usize].hash.is_some() {
+        if !self.caching || self.blocks[b as usize].registered {
             return;
         }
         if self.index.insert_new(hash, b) {
-            self.blocks[b as usize].hash = Some(hash);
+            let block = &mut self.blocks[b as usize];
+            block.hash = hash;
+            block.registered = true;
         }
     }
 
@@ -312,7 +327,7 @@ impl BlockPool {
                 self.free
             ));
         }
-        let registered = self.blocks.iter().filter(|b| b.hash.is_some()).count();
+        let registered = self.blocks.iter().filter(|b| b.registered).count();
         if registered != self.index.len() {
             return Err(format!(
                 "{registered} blocks hold a hash, the index has {}",
@@ -320,7 +335,7 @@ impl BlockPool {
             ));
         }
         for (h, b) in self.index.iter() {
-            if self.blocks[b as usize].hash != Some(h) {
+            if self.blocks[b as usize].hash() != Some(h) {
                 return Err(format!(
                     "index maps {h:#x} to block {b} which does not hold it"
                 ));
@@ -418,6 +433,11 @@ mod tests {
         pool.release(&a);
         assert_eq!(pool.free_blocks(), 4);
         pool.check().unwrap();
+    }
+
+    #[test]
+    fn a_block_record_is_24_bytes() {
+        assert_eq!(std::mem::size_of::<Block>(), 24);
     }
 
     #[test]
