@@ -10,33 +10,77 @@
 //! blocks of a prompt are the ones other prompts are most likely to share.
 //!
 //! Every operation is O(1) per block: the free queue is an intrusive doubly linked list over
-//! block indices, and the hash index is a map keyed by the (already mixed) block hash.
+//! block indices, and the hash index is a table keyed by the (already mixed) block hash
+//! ([`BlockIndex`]). Operations on a run of blocks (registering a chunk, looking a prompt up,
+//! evicting for an allocation) ask for the index slots of the blocks a few ahead, so that the
+//! cache misses of a cold pool overlap.
+//!
+//! **Memory and speed.** A pool starts with every block free and untouched, in id order at the
+//! head of the queue; nothing is ever queued ahead of an untouched block (released blocks join
+//! the tail, and only registered blocks, which were touched, leave from the middle). So the
+//! untouched blocks are kept implicitly, as the ids from `blocks.len()` up to `num_blocks`,
+//! and a block's record is made when it is first allocated: a pool costs memory for the
+//! blocks it has used, not for the whole KV memory of its GPU (a cluster of 2,240 GPUs has 26 M
+//! blocks). Without caching, no block carries a hash or is shared, so which free block an
+//! allocation gets changes nothing that can be observed: free blocks then sit on a stack (the
+//! most recently released taken first), and blocks keep no record at all.
 
-use std::collections::HashMap;
-
-use crate::hash::IdBuildHasher;
+use super::block_index::BlockIndex;
 use crate::metrics::PoolStats;
+
+/// How many blocks ahead a run of index operations asks for its slots.
+const AHEAD: usize = 8;
 
 pub type BlockId = u32;
 const NIL: u32 = u32::MAX;
 
+/// A block's record: 24 bytes (an `Option<u64>` would make it 32).
 #[derive(Clone, Copy, Debug)]
 struct Block {
+    /// Registered hash, if `registered`.
+    hash: u64,
     refs: u32,
-    /// Registered hash, if any.
-    hash: Option<u64>,
     prev: u32,
     next: u32,
+    registered: bool,
+}
+
+impl Block {
+    /// A block taken from the untouched ones by an allocation.
+    const ALLOCATED: Block = Block {
+        hash: 0,
+        refs: 1,
+        prev: NIL,
+        next: NIL,
+        registered: false,
+    };
+
+    fn hash(&self) -> Option<u64> {
+        self.registered.then_some(self.hash)
+    }
+
+    fn take_hash(&mut self) -> Option<u64> {
+        let h = self.hash();
+        self.registered = false;
+        h
+    }
 }
 
 /// A fixed pool of KV blocks.
 #[derive(Debug)]
 pub struct BlockPool {
+    /// The blocks used so far, by id (with caching on; without, blocks have no record).
     blocks: Vec<Block>,
+    /// Blocks allocated at least once: ids from `touched` to `num_blocks` are untouched.
+    touched: u32,
+    num_blocks: u32,
+    /// The free queue's touched blocks (behind the untouched ones), with caching on.
     head: u32,
     tail: u32,
+    /// Free touched blocks, most recently released last, with caching off.
+    stack: Vec<BlockId>,
     free: u32,
-    index: HashMap<u64, BlockId, IdBuildHasher>,
+    index: BlockIndex,
     caching: bool,
     pub stats: PoolStats,
 }
@@ -47,27 +91,27 @@ impl BlockPool {
             num_blocks > 0 && num_blocks < NIL,
             "block count out of range"
         );
-        let blocks = (0..num_blocks)
-            .map(|i| Block {
-                refs: 0,
-                hash: None,
-                prev: if i == 0 { NIL } else { i - 1 },
-                next: if i + 1 == num_blocks { NIL } else { i + 1 },
-            })
-            .collect();
         BlockPool {
-            blocks,
-            head: 0,
-            tail: num_blocks - 1,
+            // Reserved, not written: the system maps the pages that allocations touch.
+            blocks: if caching {
+                Vec::with_capacity(num_blocks as usize)
+            } else {
+                Vec::new()
+            },
+            touched: 0,
+            num_blocks,
+            head: NIL,
+            tail: NIL,
+            stack: Vec::new(),
             free: num_blocks,
-            index: HashMap::default(),
+            index: BlockIndex::new(if caching { num_blocks as usize } else { 0 }),
             caching,
             stats: PoolStats::default(),
         }
     }
 
     pub fn num_blocks(&self) -> u32 {
-        self.blocks.len() as u32
+        self.num_blocks
     }
 
     /// Free blocks (including free blocks that still hold a registered prefix).
@@ -81,6 +125,11 @@ impl BlockPool {
         self.index.len()
     }
 
+    /// Untouched blocks: the head of the free queue.
+    fn untouched(&self) -> u32 {
+        self.num_blocks - self.touched
+    }
+
     /// The longest run of leading `hashes` that are registered, and how many of those are free.
     pub fn longest_cached_prefix(&self, hashes: &[u64]) -> (u32, u32) {
         if !self.caching {
@@ -88,9 +137,12 @@ impl BlockPool {
         }
         let mut hits = 0;
         let mut free = 0;
-        for h in hashes {
+        for (i, &h) in hashes.iter().enumerate() {
+            if let Some(&ahead) = hashes.get(i + AHEAD) {
+                self.index.prefetch(ahead);
+            }
             match self.index.get(h) {
-                Some(&b) => {
+                Some(b) => {
                     hits += 1;
                     free += (self.blocks[b as usize].refs == 0) as u32;
                 }
@@ -103,8 +155,11 @@ impl BlockPool {
     /// Takes a reference on the blocks registered under `hashes` (all must be registered) and
     /// appends them to `out`.
     pub fn take_cached(&mut self, hashes: &[u64], out: &mut Vec<BlockId>) {
-        for h in hashes {
-            let b = self.index[h];
+        for &h in hashes {
+            let b = self
+                .index
+                .get(h)
+                .expect("take_cached takes registered blocks");
             if self.blocks[b as usize].refs == 0 {
                 self.unlink(b);
             }
@@ -120,16 +175,44 @@ impl BlockPool {
         if n > self.free {
             return false;
         }
-        for _ in 0..n {
-            let b = self.head;
+        if !self.caching {
+            // Recently released blocks first, then untouched ones.
+            let reused = (n as usize).min(self.stack.len());
+            out.extend(self.stack.drain(self.stack.len() - reused..).rev());
+            let fresh = n - reused as u32;
+            out.extend(self.touched..self.touched + fresh);
+            self.touched += fresh;
+            self.free -= n;
+            return true;
+        }
+        // Untouched blocks first: they head the free queue, in id order.
+        let fresh = n.min(self.untouched());
+        let first = self.touched;
+        self.blocks.extend((0..fresh).map(|_| Block::ALLOCATED));
+        self.touched += fresh;
+        out.extend(first..first + fresh);
+        self.free -= fresh;
+        // Then the head of the linked queue: first walk it to ask for the index slots of the
+        // hashes to drop, then take the blocks (in the same order).
+        let taken = out.len();
+        let mut b = self.head;
+        for _ in fresh..n {
+            let block = &self.blocks[b as usize];
+            if let Some(h) = block.hash() {
+                self.index.prefetch(h);
+            }
+            out.push(b);
+            b = block.next;
+        }
+        for &b in &out[taken..] {
+            debug_assert_eq!(b, self.head);
             self.unlink(b);
             let block = &mut self.blocks[b as usize];
-            if let Some(h) = block.hash.take() {
-                self.index.remove(&h);
+            if let Some(h) = block.take_hash() {
+                self.index.remove(h);
                 self.stats.evictions += 1;
             }
             block.refs = 1;
-            out.push(b);
         }
         true
     }
@@ -137,14 +220,18 @@ impl BlockPool {
     /// Drops one reference on each block, last block first; unreferenced blocks join the tail
     /// of the free queue (most recently used), keeping their hash if they have one.
     pub fn release(&mut self, blocks: &[BlockId]) {
+        if !self.caching {
+            // Each block has one holder; `check` finds blocks held twice.
+            self.stack.extend(blocks.iter().rev());
+            self.free += blocks.len() as u32;
+            assert!(self.free <= self.num_blocks, "blocks released twice");
+            return;
+        }
         for &b in blocks.iter().rev() {
             let block = &mut self.blocks[b as usize];
             assert!(block.refs > 0, "block {b} released twice");
             block.refs -= 1;
             if block.refs == 0 {
-                if !self.caching {
-                    block.hash = None;
-                }
                 self.push_tail(b);
             }
         }
@@ -153,12 +240,27 @@ impl BlockPool {
     /// Registers a full block under `hash` once its KV is computed. If another block already
     /// holds the same prefix, the index keeps that one (both hold identical KV).
     pub fn register(&mut self, b: BlockId, hash: u64) {
-        if !self.caching || self.blocks[b as usize].hash.is_some() {
+        if !self.caching || self.blocks[b as usize].registered {
             return;
         }
-        if let std::collections::hash_map::Entry::Vacant(e) = self.index.entry(hash) {
-            e.insert(b);
-            self.blocks[b as usize].hash = Some(hash);
+        if self.index.insert_new(hash, b) {
+            let block = &mut self.blocks[b as usize];
+            block.hash = hash;
+            block.registered = true;
+        }
+    }
+
+    /// Registers `blocks[i]` under `hashes[i]` for every `i`, as [`BlockPool::register`].
+    pub fn register_all(&mut self, blocks: &[BlockId], hashes: &[u64]) {
+        debug_assert_eq!(blocks.len(), hashes.len());
+        if !self.caching {
+            return;
+        }
+        for (i, (&b, &h)) in blocks.iter().zip(hashes).enumerate() {
+            if let Some(&ahead) = hashes.get(i + AHEAD) {
+                self.index.prefetch(ahead);
+            }
+            self.register(b, h);
         }
     }
 
@@ -191,8 +293,9 @@ impl BlockPool {
         self.free += 1;
     }
 
-    /// Checks the pool's invariants (for tests and debug runs): the free queue holds exactly
-    /// the unreferenced blocks, and the index points at blocks that carry its hash.
+    /// Checks the pool's invariants (for tests and debug runs): the free queue (the untouched
+    /// blocks, then the linked list or the stack) holds exactly the unreferenced blocks, and
+    /// the index points at blocks that carry its hash.
     pub fn check(&self) -> Result<(), String> {
         let mut n = 0;
         let mut b = self.head;
@@ -212,19 +315,55 @@ impl BlockPool {
             prev = b;
             b = block.next;
         }
+        if !self.caching {
+            return self.check_stack();
+        }
         let unreferenced = self.blocks.iter().filter(|b| b.refs == 0).count();
-        if n != unreferenced || n != self.free as usize {
+        let untouched = self.untouched() as usize;
+        if n != unreferenced || n + untouched != self.free as usize {
             return Err(format!(
-                "free queue holds {n}, counter says {}, unreferenced blocks {unreferenced}",
+                "free queue holds {n} and {untouched} untouched, counter says {}, \
+                 unreferenced blocks {unreferenced}",
                 self.free
             ));
         }
-        for (h, &b) in &self.index {
-            if self.blocks[b as usize].hash != Some(*h) {
+        let registered = self.blocks.iter().filter(|b| b.registered).count();
+        if registered != self.index.len() {
+            return Err(format!(
+                "{registered} blocks hold a hash, the index has {}",
+                self.index.len()
+            ));
+        }
+        for (h, b) in self.index.iter() {
+            if self.blocks[b as usize].hash() != Some(h) {
                 return Err(format!(
                     "index maps {h:#x} to block {b} which does not hold it"
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// Without caching: the stack holds distinct touched blocks, and with the untouched ones
+    /// as many as the free counter says. (The instance checks that held blocks are distinct.)
+    fn check_stack(&self) -> Result<(), String> {
+        if self.head != NIL || !self.blocks.is_empty() || !self.index.is_empty() {
+            return Err("a pool without caching keeps block records".into());
+        }
+        let mut seen = vec![false; self.touched as usize];
+        for &b in &self.stack {
+            match seen.get_mut(b as usize) {
+                Some(s) if !*s => *s = true,
+                _ => return Err(format!("block {b} is free twice or was never allocated")),
+            }
+        }
+        if self.stack.len() + self.untouched() as usize != self.free as usize {
+            return Err(format!(
+                "{} free blocks on the stack and {} untouched, counter says {}",
+                self.stack.len(),
+                self.untouched(),
+                self.free
+            ));
         }
         Ok(())
     }
@@ -292,6 +431,45 @@ mod tests {
         pool.register(a[0], 1);
         assert_eq!(pool.cached_blocks(), 0, "caching off registers nothing");
         pool.release(&a);
+        assert_eq!(pool.free_blocks(), 4);
+        pool.check().unwrap();
+    }
+
+    #[test]
+    fn a_block_record_is_24_bytes() {
+        assert_eq!(std::mem::size_of::<Block>(), 24);
+    }
+
+    #[test]
+    fn untouched_blocks_head_the_free_queue_in_id_order_and_get_a_record_when_first_used() {
+        let mut pool = BlockPool::new(5, true);
+        let mut a = Vec::new();
+        assert!(pool.allocate(2, &mut a));
+        assert_eq!(a, [0, 1]);
+        assert_eq!(pool.blocks.len(), 2);
+        pool.release(&a);
+        // Free queue: the untouched 2, 3, 4, then a1, a0 (released last block first).
+        let mut b = Vec::new();
+        assert!(pool.allocate(5, &mut b));
+        assert_eq!(b, [2, 3, 4, 1, 0]);
+        pool.check().unwrap();
+        pool.release(&b);
+        assert_eq!(pool.free_blocks(), 5);
+        pool.check().unwrap();
+    }
+
+    #[test]
+    fn without_caching_released_blocks_are_reused_first_and_untouched_ones_after() {
+        let mut pool = BlockPool::new(4, false);
+        let mut a = Vec::new();
+        assert!(pool.allocate(2, &mut a));
+        pool.release(&a);
+        let mut b = Vec::new();
+        assert!(pool.allocate(3, &mut b));
+        assert_eq!(b, [0, 1, 2]);
+        assert_eq!(pool.free_blocks(), 1);
+        pool.check().unwrap();
+        pool.release(&b);
         assert_eq!(pool.free_blocks(), 4);
         pool.check().unwrap();
     }

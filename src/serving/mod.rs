@@ -5,12 +5,14 @@
 //! Actors ([`router::Router`], [`instance::Instance`], [`store::server::StoreServer`],
 //! [`store::metadata::Metadata`]) exchange [`Msg`]; [`policy`] holds the strategies.
 
+pub(crate) mod block_index;
 pub(crate) mod block_pool;
 pub mod chaos;
 pub mod instance;
 pub mod kv_routing;
 pub mod msg;
 pub mod policy;
+pub mod prompt_hashes;
 pub mod router;
 pub mod run;
 pub mod scenario;

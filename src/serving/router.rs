@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use super::Msg;
 use super::kv_routing::KvRouting;
+use super::prompt_hashes::PromptHashes;
 use crate::actor::{Actor, ActorId, Context, unexpected};
 use crate::metrics::{Report, RequestRecord};
 use crate::workload::{ReqId, Trace};
@@ -51,6 +52,8 @@ pub struct Router {
     failovers: u64,
     /// What the router knows of each instance's KV cache (`kv-aware` only).
     kv: Option<KvRouting>,
+    /// The prompts' block hashes (`kv-aware` only; a memo shared by the actors).
+    hashes: Option<Arc<PromptHashes>>,
 }
 
 impl Router {
@@ -81,12 +84,19 @@ impl Router {
             nodes,
             failovers: 0,
             kv: None,
+            hashes: None,
         }
     }
 
     /// Routes by [`KvRouting`]'s score (the strategy must be `kv-aware`).
     pub fn with_kv(mut self, kv: KvRouting) -> Router {
         self.kv = Some(kv);
+        self
+    }
+
+    /// Takes the prompts' block hashes from `hashes` (shared with the other actors).
+    pub fn with_prompt_hashes(mut self, hashes: Arc<PromptHashes>) -> Router {
+        self.hashes = Some(hashes);
         self
     }
 
@@ -103,8 +113,11 @@ impl Router {
             RouterStrategy::KvAware if self.kv.is_some() => {
                 let kv = self.kv.as_mut().expect("checked");
                 let mut hashes = Vec::new();
-                self.trace
-                    .block_hashes(req, kv.block_size() as usize, &mut hashes);
+                let block_size = kv.block_size() as usize;
+                match &self.hashes {
+                    Some(memo) => memo.block_hashes(req, block_size, &mut hashes),
+                    None => self.trace.block_hashes(req, block_size, &mut hashes),
+                }
                 kv.pick(hashes, &self.alive)
             }
             RouterStrategy::RoundRobin => {

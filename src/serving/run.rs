@@ -27,6 +27,7 @@ use crate::serving::instance::{Instance, StoreLink};
 use crate::serving::kv_routing::KvRouting;
 use crate::serving::policy::Policy;
 use crate::serving::policy::PolicyKind;
+use crate::serving::prompt_hashes::PromptHashes;
 use crate::serving::router::{Router, RouterStrategy};
 use crate::serving::scenario::Scenario;
 use crate::serving::store::StoreRules;
@@ -199,12 +200,14 @@ pub fn simulate_watched(
     let nodes: Vec<u32> = (0..n)
         .map(|i| s.instance_place(i).node().unwrap_or(0))
         .collect();
+    let hashes = Arc::new(PromptHashes::new(trace.clone()));
     let mut router = Router::new(
         trace.clone(),
         instance_ids.clone(),
         nodes.clone(),
         s.serving.router,
-    );
+    )
+    .with_prompt_hashes(hashes.clone());
     if s.serving.router == RouterStrategy::KvAware {
         let cfg = &s.serving.instance;
         router = router.with_kv(KvRouting::new(
@@ -228,15 +231,18 @@ pub fn simulate_watched(
             layers: s.model.layers as u32,
         });
         host.add(
-            Box::new(Instance::new(
-                i,
-                router_id,
-                trace.clone(),
-                policy_impl.clone(),
-                s.serving.instance,
-                link,
-                Box::new(SimBatchBackend::new(s.cost_model())),
-            )),
+            Box::new(
+                Instance::new(
+                    i,
+                    router_id,
+                    trace.clone(),
+                    policy_impl.clone(),
+                    s.serving.instance,
+                    link,
+                    Box::new(SimBatchBackend::new(s.cost_model())),
+                )
+                .with_prompt_hashes(hashes.clone()),
+            ),
             place,
         );
     }

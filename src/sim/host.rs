@@ -40,6 +40,7 @@ use crate::hardware::network::{FlowId, LinkBytes, MICE_BYTES, Network, Transfer}
 use crate::metrics::Report;
 use crate::rng::{Stream, streams};
 use crate::sim::kernel::{Kernel, Limits, SimError};
+use crate::sim::prefetch;
 use crate::sim::progress::{PROGRESS_EVERY, Progress};
 use crate::units::Nanos;
 
@@ -555,6 +556,12 @@ impl<M> SimHost<M> {
             self.kernel.schedule(at, ActorId(0), Event::Change);
         }
         while let Some(event) = self.kernel.pop()? {
+            // The next event's actor is likely cold at scale: ask for it while this one runs.
+            if let Some(next) = self.kernel.next_target()
+                && let Some(slot) = self.slots.get(next.0 as usize)
+            {
+                prefetch::value(&*slot.actor);
+            }
             if let Event::Change = event.msg {
                 self.apply_changes(event.time);
             }

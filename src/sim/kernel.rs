@@ -112,6 +112,11 @@ impl<M> Kernel<M> {
     pub fn seed(&self) -> u64 {
         self.seed
     }
+    /// The target of the earliest pending event (the next one, unless an earlier one is
+    /// scheduled first).
+    pub fn next_target(&self) -> Option<ActorId> {
+        self.heap.peek().map(|e| e.target)
+    }
 
     /// Schedules `msg` for `target` at `time` (never before now).
     pub fn schedule(&mut self, time: Nanos, target: ActorId, msg: M) {

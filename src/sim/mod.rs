@@ -4,6 +4,7 @@ pub mod fault;
 pub mod host;
 pub mod kernel;
 mod parallel;
+pub mod prefetch;
 pub mod progress;
 
 pub use parallel::parallel_map;

@@ -88,8 +88,10 @@ use crate::metrics::Tier;
 use crate::metrics::{InstanceStats, Report};
 use crate::model::cost::BatchShape;
 use crate::serving::policy::Policy;
+use crate::serving::prompt_hashes::PromptHashes;
 use crate::serving::store::LoadOverlap;
 use crate::serving::store::directory::{LoadGroup, LoadPlan, Location};
+use crate::sim::prefetch;
 use crate::units::Nanos;
 use crate::workload::{ReqId, Trace};
 
@@ -200,6 +202,8 @@ pub struct Instance {
     index: u32,
     router: ActorId,
     trace: Arc<Trace>,
+    /// The prompts' block hashes (a memo shared by the actors of a simulation).
+    hashes: Arc<PromptHashes>,
     policy: Arc<dyn Policy>,
     cfg: InstanceConfig,
     pool: BlockPool,
@@ -243,6 +247,7 @@ impl Instance {
         Instance {
             index,
             router,
+            hashes: Arc::new(PromptHashes::new(trace.clone())),
             trace,
             pool: BlockPool::new(cfg.num_blocks, policy.keep_gpu_blocks()),
             policy,
@@ -263,6 +268,12 @@ impl Instance {
             failed_loads: 0,
             stale_loads: BTreeMap::new(),
         }
+    }
+
+    /// Takes the prompts' block hashes from `hashes` (shared with the other actors).
+    pub fn with_prompt_hashes(mut self, hashes: Arc<PromptHashes>) -> Instance {
+        self.hashes = hashes;
+        self
     }
 
     pub fn stats(&self) -> InstanceStats {
@@ -295,7 +306,7 @@ impl Instance {
         }
         let mut hashes = Vec::new();
         if self.look_in_gpu || self.store.is_some() {
-            self.trace
+            self.hashes
                 .block_hashes(req, self.cfg.block_size as usize, &mut hashes);
         }
         let mut seq = Seq {
@@ -380,6 +391,8 @@ impl Instance {
     /// Plans and starts the next iteration, if there is anything to compute.
     fn step(&mut self, ctx: &mut dyn Context<Msg>) {
         debug_assert!(self.busy_since.is_none());
+        // The backend prices the iteration at the end; at scale it is cold (a cache hint).
+        prefetch::value(&*self.backend);
         let mut budget = self.cfg.max_batched_tokens;
         let mut shape = BatchShape::default();
         let mut preempted = false;
@@ -551,9 +564,10 @@ impl Instance {
             if keep {
                 let full = seq.computed.min(seq.prompt_len) / block_size;
                 let full = full.min(seq.hashes.len() as u32);
-                for b in seq.registered..full {
+                if seq.registered < full {
+                    let run = seq.registered as usize..full as usize;
                     self.pool
-                        .register(seq.blocks[b as usize], seq.hashes[b as usize]);
+                        .register_all(&seq.blocks[run.clone()], &seq.hashes[run]);
                 }
                 seq.registered = seq.registered.max(full);
             }

@@ -1,0 +1,206 @@
+//! The block hashes of the trace's prompts, computed once per shared prefix.
+//!
+//! [`Trace::block_hashes`] folds every prompt token into the chain of block hashes: about
+//! 4,000 multiplies for a SQuAD prompt, at every instance a request reaches and again at a
+//! `kv-aware` router. But prompts are made of segments that many prompts share (a system
+//! prompt and a context before a question), and the hashes of the blocks before the last
+//! segment depend only on the segments before it. So the state of the chain after every
+//! segment but the last (the hashes of its full blocks, the parent hash and the tokens of the
+//! partial block) is kept under that list of segments, and a prompt is hashed from there:
+//! the result is exactly [`Trace::block_hashes`]'s (a test checks it).
+//!
+//! The memo is bounded: when it holds more than [`MEMO_HASHES`] hashes it is emptied and
+//! filled again as prompts come. It only ever saves work, so its contents never change a
+//! result. One memo serves every actor of a simulation (a lock that is never contended: a
+//! simulation runs on one thread).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use crate::hash::{ROOT_PARENT, block_hash};
+use crate::workload::{ReqId, SegId, Trace};
+
+/// Most hashes the memo holds (8 bytes each: 32 MiB).
+pub const MEMO_HASHES: usize = 1 << 22;
+
+/// The chain after a list of segments.
+#[derive(Debug)]
+struct Chain {
+    hashes: Vec<u64>,
+    parent: u64,
+    /// Tokens of the partial block at the end (fewer than a block).
+    rest: Vec<u32>,
+}
+
+#[derive(Debug, Default)]
+struct Memo {
+    /// Chains by block size, then by list of leading segments.
+    chains: BTreeMap<usize, BTreeMap<Vec<SegId>, Chain>>,
+    hashes: usize,
+}
+
+/// Block hashes of a trace's prompts (see the module doc).
+#[derive(Debug)]
+pub struct PromptHashes {
+    trace: Arc<Trace>,
+    memo: Mutex<Memo>,
+}
+
+impl PromptHashes {
+    pub fn new(trace: Arc<Trace>) -> PromptHashes {
+        PromptHashes {
+            trace,
+            memo: Mutex::new(Memo::default()),
+        }
+    }
+
+    /// Chained hashes of the prompt's full blocks of `block_size` tokens, as
+    /// [`Trace::block_hashes`] gives them.
+    pub fn block_hashes(&self, id: ReqId, block_size: usize, out: &mut Vec<u64>) {
+        let segments = &self.trace.request(id).segments;
+        let Some((last, leading)) = segments.split_last() else {
+            out.clear();
+            return;
+        };
+        if leading.is_empty() {
+            self.trace.block_hashes(id, block_size, out);
+            return;
+        }
+        // A poisoned lock only means another simulation's thread panicked; the memo's
+        // contents are still valid chains.
+        let mut memo = self.memo.lock().unwrap_or_else(|e| e.into_inner());
+        let known = memo
+            .chains
+            .get(&block_size)
+            .is_some_and(|c| c.contains_key(leading));
+        if !known {
+            let chain = self.chain(leading, block_size);
+            if memo.hashes + chain.hashes.len() > MEMO_HASHES {
+                memo.chains.clear();
+                memo.hashes = 0;
+            }
+            memo.hashes += chain.hashes.len();
+            let sized = memo.chains.entry(block_size).or_default();
+            sized.insert(leading.to_vec(), chain);
+        }
+        // Just made if it was missing.
+        let chain = &memo.chains[&block_size][leading];
+        out.clear();
+        out.extend_from_slice(&chain.hashes);
+        let mut block = Vec::with_capacity(block_size);
+        block.extend_from_slice(&chain.rest);
+        let parent = chain.parent;
+        drop(memo);
+        fold(
+            &self.trace,
+            std::slice::from_ref(last),
+            block_size,
+            parent,
+            &mut block,
+            out,
+        );
+    }
+
+    /// The chain after `segments`, from the start of a prompt.
+    fn chain(&self, segments: &[SegId], block_size: usize) -> Chain {
+        let mut hashes = Vec::new();
+        let mut rest = Vec::with_capacity(block_size);
+        let parent = fold(
+            &self.trace,
+            segments,
+            block_size,
+            ROOT_PARENT,
+            &mut rest,
+            &mut hashes,
+        );
+        Chain {
+            hashes,
+            parent,
+            rest,
+        }
+    }
+}
+
+/// Folds the tokens of `segments` into the chain (`parent`, the partial `block`), appending
+/// the hash of every block it fills to `out`; returns the last parent.
+fn fold(
+    trace: &Trace,
+    segments: &[SegId],
+    block_size: usize,
+    mut parent: u64,
+    block: &mut Vec<u32>,
+    out: &mut Vec<u64>,
+) -> u64 {
+    for &s in segments {
+        let mut tokens = trace.arena.segment(s);
+        // Bounded: every round takes at least one token.
+        while !tokens.is_empty() {
+            let take = (block_size - block.len()).min(tokens.len());
+            if block.is_empty() && take == block_size {
+                parent = block_hash(parent, &tokens[..take]);
+                out.push(parent);
+            } else {
+                block.extend_from_slice(&tokens[..take]);
+                if block.len() == block_size {
+                    parent = block_hash(parent, block);
+                    out.push(parent);
+                    block.clear();
+                }
+            }
+            tokens = &tokens[take..];
+        }
+    }
+    parent
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::units::Nanos;
+    use crate::workload::{Request, TokenArena};
+
+    #[test]
+    fn memoised_hashes_are_the_traces_for_every_block_size_and_segment_split() {
+        let mut arena = TokenArena::default();
+        let system = arena.push(0..5);
+        let ctx_a = arena.push(100..137);
+        let ctx_b = arena.push(200..216);
+        let questions: Vec<SegId> = (0..4)
+            .map(|i| arena.push(1000 * i..1000 * i + 9 * i))
+            .collect();
+        let mut requests = Vec::new();
+        for (i, &q) in questions.iter().enumerate() {
+            for segs in [
+                vec![system, ctx_a, q],
+                vec![system, ctx_b, ctx_a, q],
+                vec![q],
+                vec![ctx_b, q],
+            ] {
+                requests.push(Request {
+                    arrival: Nanos(i as u64),
+                    prompt_tokens: segs.iter().map(|&s| arena.segment(s).len() as u32).sum(),
+                    segments: segs,
+                    output_tokens: 1,
+                    context: 0,
+                });
+            }
+        }
+        let trace = Arc::new(Trace {
+            requests,
+            arena,
+            contexts: 2,
+        });
+        let memo = PromptHashes::new(trace.clone());
+        let (mut want, mut got) = (Vec::new(), Vec::new());
+        for block_size in [1, 4, 5, 16, 64] {
+            for round in 0..2 {
+                for id in trace.ids() {
+                    trace.block_hashes(id, block_size, &mut want);
+                    got.push(round as u64);
+                    memo.block_hashes(id, block_size, &mut got);
+                    assert_eq!(got, want, "request {} blocks of {block_size}", id.0);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,32 @@
+//! Cache hints: asking the processor to load memory that is about to be read.
+//!
+//! At cluster scale the state of thousands of actors does not fit in the processor's caches,
+//! so the first read of an actor's state at each of its events is a cache miss, and so is
+//! each block of a cold KV pool. A prefetch starts such a load early, while other work runs,
+//! so that the misses overlap. It is only a hint: it never faults, changes no memory and no
+//! result; on processors without one it does nothing.
+
+/// Most bytes of one value that [`value`] asks for.
+pub const MAX_BYTES: usize = 1024;
+
+/// Asks for the cache lines of the `bytes` bytes at `p` (at most [`MAX_BYTES`]).
+#[inline]
+pub fn bytes(p: *const u8, bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for offset in (0..bytes.min(MAX_BYTES)).step_by(64) {
+        // SAFETY: a prefetch is a hint that never faults and reads or writes nothing the
+        // program can observe, whatever the address.
+        unsafe {
+            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(offset).cast::<i8>());
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, bytes);
+}
+
+/// Asks for the cache lines of `v` (its first [`MAX_BYTES`] bytes; not what it points to).
+#[inline]
+pub fn value<T: ?Sized>(v: &T) {
+    bytes((v as *const T).cast::<u8>(), std::mem::size_of_val(v));
+}
