@@ -59,7 +59,10 @@ pub const MAX_REUSE_DISTANCE: f64 = 1e9;
 pub const MAX_MIN_CONTEXT_FRACTION: f64 = 0.75;
 /// Articles the generator makes per context asked for, at most, before it gives up looking for
 /// contexts of `min_context_tokens` (the pool is then smaller, and `Trace::contexts` says so).
-pub const MAX_GROUPS_PER_CONTEXT: usize = 64;
+pub const MAX_GROUPS_PER_CONTEXT: usize = 8;
+/// Most tokens a pool's contexts, or a run's generated answers, may hold (those of a replayed
+/// trace's distinct blocks: 8 GiB of token ids).
+pub const MAX_POOL_TOKENS: u64 = crate::workload::replay::canonical::MAX_ARENA_TOKENS;
 /// Mean think time between turns when the scenario gives none, in seconds.
 pub const DEFAULT_TURN_GAP_S: f64 = 10.0;
 

@@ -13,6 +13,42 @@ use crate::workload::reuse::{self, Popularity, Reuse};
 /// Largest Zipf exponent: beyond it nearly every request is about the most popular context.
 const MAX_ZIPF_ALPHA: f64 = 10.0;
 
+/// Refuses a pool whose contexts (at most `context_tokens` each), or whose conversations'
+/// answers (`requests` answers of at most `answer_tokens`), would hold more than
+/// [`reuse::MAX_POOL_TOKENS`] tokens: the run would need many GiB before it starts.
+fn check_pool_size(
+    c: &Check,
+    reuse: &Reuse,
+    context_tokens: u32,
+    requests: u32,
+    answer_tokens: u32,
+) -> Result<(), ScenarioError> {
+    let pool = u64::from(reuse.contexts) * u64::from(context_tokens);
+    if pool > reuse::MAX_POOL_TOKENS {
+        return Err(c.err(
+            "workload.reuse.contexts",
+            format!(
+                "{} contexts of up to {context_tokens} tokens hold up to {pool} tokens, more than \
+                 {}: ask for fewer or shorter contexts",
+                reuse.contexts,
+                reuse::MAX_POOL_TOKENS
+            ),
+        ));
+    }
+    let answers = u64::from(requests) * u64::from(answer_tokens);
+    if reuse.turns > 1 && answers > reuse::MAX_POOL_TOKENS {
+        return Err(c.err(
+            "workload.reuse.turns",
+            format!(
+                "{requests} answers of up to {answer_tokens} tokens, each kept for the next turn's \
+                 prompt, hold up to {answers} tokens, more than {}",
+                reuse::MAX_POOL_TOKENS
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// `[workload.reuse]`, validated; `order` must then be absent (the pool decides the order).
 fn reuse_table(c: &Check, w: &RawWorkload) -> Result<Option<Reuse>, ScenarioError> {
     let Some(r) = &w.reuse else {
@@ -250,7 +286,7 @@ fn generated(
             format!("expected at most {MAX_TOKENS}, found {system_prompt_tokens}"),
         ));
     }
-    Ok(WorkloadSpec::Generated(QaWorkload {
+    let w = QaWorkload {
         dataset: match dataset {
             RawDataset::Squad => Dataset::Squad,
             RawDataset::Wikiqa => Dataset::Wikiqa,
@@ -270,7 +306,12 @@ fn generated(
         system_prompt_tokens,
         output,
         reuse: reuse_table(c, w)?,
-    }))
+    };
+    if let Some(r) = &w.reuse {
+        // A context is at most a window (or a unit): the longest prompt bounds it.
+        check_pool_size(c, r, w.max_prompt_tokens(), w.requests, w.output.max())?;
+    }
+    Ok(WorkloadSpec::Generated(w))
 }
 
 /// A replayed dataset or trace file (`source = ...`), its path relative to the scenario file.
