@@ -108,7 +108,7 @@ impl Experiment {
     /// Simulations (policies or modes at every sweep point) to run.
     pub fn simulations(&self) -> usize {
         match self {
-            Experiment::Serving(s) => s.policies.len() * s.points.len().max(1),
+            Experiment::Serving(s) => serving_run::jobs(s),
             Experiment::Pipeline(s) => s.modes.len() * s.points.len().max(1),
         }
     }

@@ -65,8 +65,7 @@ pub(crate) fn run(
         print!("{}", x.describe());
     }
     let started = Instant::now();
-    let threads =
-        threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads = threads.unwrap_or_else(default_threads);
     let what = if x.is_live() {
         "serving on the live host".to_string()
     } else {
@@ -153,6 +152,11 @@ pub(crate) fn run(
     ExitCode::SUCCESS
 }
 
+/// Threads when `--threads` is not given: the available cores.
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// `, peak memory 1.23 GiB` (the process's peak resident set, from `/proc/self/status`), or
 /// nothing where the system does not say.
 fn peak_memory() -> String {
@@ -203,8 +207,7 @@ fn run_share(
         print!("{}", x.describe());
     }
     let started = Instant::now();
-    let threads =
-        threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads = threads.unwrap_or_else(default_threads);
     let scratch = match output::Scratch::beside(&dir) {
         Ok(s) => s,
         Err(e) => return refused(e),

@@ -713,46 +713,40 @@ mod tests {
         assert_eq!(a.events, 101);
     }
 
-    /// Fetches 1 MB from node 1's memory at time 0 and records which message ended it.
+    /// Fetches 1 MB from node 1's memory at `start_at` (its timer: `None`) and records which
+    /// message ended the read (`Some(done)`).
     struct Reader {
         got: std::sync::Arc<std::sync::Mutex<Vec<(bool, Nanos)>>>,
         start_at: Nanos,
     }
 
-    impl Actor<bool> for Reader {
-        fn start(&mut self, ctx: &mut dyn Context<bool>) {
-            if self.start_at == Nanos::ZERO {
-                self.fetch(ctx);
-            } else {
-                ctx.timer(self.start_at, false);
-            }
+    impl Actor<Option<bool>> for Reader {
+        fn start(&mut self, ctx: &mut dyn Context<Option<bool>>) {
+            ctx.timer(self.start_at, None);
         }
-        fn handle(&mut self, ok: bool, ctx: &mut dyn Context<bool>) {
-            if ctx.now() == self.start_at && !ok && self.got.lock().unwrap().is_empty() {
-                return self.fetch(ctx);
+        fn handle(&mut self, msg: Option<bool>, ctx: &mut dyn Context<Option<bool>>) {
+            match msg {
+                None => {
+                    let work = Work::Fetch {
+                        from: Place::Host { node: 1 },
+                        medium: Medium::Memory,
+                        bytes: 1_000_000,
+                        segments: 1,
+                    };
+                    ctx.start_fetch(work, Some(true), Some(false));
+                }
+                Some(ok) => self.got.lock().unwrap().push((ok, ctx.now())),
             }
-            self.got.lock().unwrap().push((ok, ctx.now()));
         }
         fn report(&self, _report: &mut Report) {}
-    }
-
-    impl Reader {
-        fn fetch(&mut self, ctx: &mut dyn Context<bool>) {
-            let work = Work::Fetch {
-                from: Place::Host { node: 1 },
-                medium: Medium::Memory,
-                bytes: 1_000_000,
-                segments: 1,
-            };
-            ctx.start_fetch(work, true, false);
-        }
     }
 
     /// (delivered `done`, at) of a 1 MB read at 1 GB/s (1 ms) started at `start_at`, with
     /// `loss` applied to node 1.
     fn read(start_at: Nanos, loss: Option<(Nanos, bool)>) -> (bool, Nanos) {
         let link = LinkSpec::ideal(1e9, Nanos::ZERO);
-        let mut h: SimHost<bool> = SimHost::new(Network::fabric(2, link), Limits::default(), 1);
+        let mut h: SimHost<Option<bool>> =
+            SimHost::new(Network::fabric(2, link), Limits::default(), 1);
         let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         h.add(
             Box::new(Reader {
@@ -795,7 +789,8 @@ mod tests {
         assert_eq!(read(ms(2), Some((ms(1), false))), (true, later.1));
         // Another node's loss does not touch it.
         let link = LinkSpec::ideal(1e9, Nanos::ZERO);
-        let mut h: SimHost<bool> = SimHost::new(Network::fabric(3, link), Limits::default(), 1);
+        let mut h: SimHost<Option<bool>> =
+            SimHost::new(Network::fabric(3, link), Limits::default(), 1);
         let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         h.add(
             Box::new(Reader {

@@ -52,6 +52,14 @@ pub enum ContextMode {
     Window { tokens: u32 },
 }
 
+impl ContextMode {
+    /// Whether a unit of `len` tokens joins the open context, which holds `open` tokens
+    /// (`None`: no context is open): windows are cut greedily.
+    pub fn joins(self, open: Option<u32>, len: u32) -> bool {
+        matches!((self, open), (ContextMode::Window { tokens }, Some(t)) if t + len <= tokens)
+    }
+}
+
 /// Output lengths in tokens.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum OutputDist {
@@ -190,12 +198,9 @@ fn corpus(
         for _ in 0..units {
             let len = clamped_lognormal(rng, shape.unit_tokens);
             let seg = c.arena.push(random_tokens(rng, len, vocab));
-            let ctx = match (w.context, open) {
-                (ContextMode::Window { tokens }, Some(ctx))
-                    if c.contexts[ctx as usize].1 + len <= tokens =>
-                {
-                    ctx
-                }
+            let open_tokens = open.map(|ctx| c.contexts[ctx as usize].1);
+            let ctx = match open {
+                Some(ctx) if w.context.joins(open_tokens, len) => ctx,
                 _ => {
                     c.contexts.push((Vec::new(), 0));
                     c.contexts.len() as u32 - 1

@@ -354,17 +354,8 @@ mod tests {
             vocab: 100,
             seed: 9,
         };
-        let r = requests_of(reuse, &p, &mut arena, &a);
+        let r = super::requests(reuse, &p, &mut arena, None, &a);
         (arena, r)
-    }
-
-    fn requests_of(
-        reuse: &Reuse,
-        p: &[PoolContext],
-        arena: &mut TokenArena,
-        a: &Arrivals,
-    ) -> Vec<Request> {
-        requests(reuse, p, arena, None, a)
     }
 
     fn counts(r: &[Request], n: u32) -> Vec<u32> {

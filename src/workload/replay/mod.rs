@@ -396,12 +396,9 @@ impl Corpus {
                     let ids = tok.encode(text);
                     let len = ids.len() as u32;
                     let seg = arena.push(ids);
-                    let c = match (qa.context, open) {
-                        (ContextMode::Window { tokens }, Some(c))
-                            if contexts[c as usize].1 + len <= tokens =>
-                        {
-                            c
-                        }
+                    let open_tokens = open.map(|c| contexts[c as usize].1);
+                    let c = match open {
+                        Some(c) if qa.context.joins(open_tokens, len) => c,
                         _ => {
                             contexts.push((Vec::new(), 0));
                             contexts.len() as u32 - 1
@@ -485,11 +482,7 @@ impl Corpus {
                 let ids = tok.encode(text);
                 let len = ids.len() as u32;
                 let seg = arena.push(ids);
-                let joins = matches!(
-                    (qa.context, contexts.last()),
-                    (ContextMode::Window { tokens }, Some(c)) if c.tokens + len <= tokens
-                );
-                if !joins {
+                if !qa.context.joins(contexts.last().map(|c| c.tokens), len) {
                     contexts.push(PoolContext::default());
                 }
                 let c = contexts.last_mut().expect("a context was just pushed");
