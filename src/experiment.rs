@@ -76,19 +76,24 @@ impl Experiment {
 
     /// Whether the experiment runs on the live host.
     pub fn is_live(&self) -> bool {
-        matches!(self, Experiment::Pipeline(s) if s.live)
+        match self {
+            Experiment::Pipeline(s) => s.live,
+            Experiment::Serving(s) => s.live,
+        }
     }
 
     /// `meshsim run --live`: run on the live host, and record `mode = "live"` in the results'
-    /// copy of the scenario. Only pipeline scenarios run live so far.
-    pub fn set_live(&mut self, file: &str) -> Result<(), ScenarioError> {
+    /// copy of the scenario.
+    pub fn set_live(&mut self, _file: &str) -> Result<(), ScenarioError> {
         match self {
-            Experiment::Serving(_) => Err(ScenarioError {
-                file: file.to_string(),
-                key: String::new(),
-                message: "--live needs a pipeline scenario (one with a [pipeline] table)".into(),
-                line_col: None,
-            }),
+            Experiment::Serving(s) => {
+                s.live = true;
+                s.text = crate::pipeline::scenario::with_live_mode(&s.text);
+                for p in &mut s.points {
+                    p.scenario.live = true;
+                }
+                Ok(())
+            }
             Experiment::Pipeline(s) => {
                 s.live = true;
                 s.text = crate::pipeline::scenario::with_live_mode(&s.text);
@@ -101,6 +106,7 @@ impl Experiment {
     pub fn check_live(&self, file: &str) -> Result<(), ScenarioError> {
         match self {
             Experiment::Pipeline(s) if s.live => s.check_live(file),
+            Experiment::Serving(s) if s.live => crate::serving::live::check_live(s, file),
             _ => Ok(()),
         }
     }
@@ -128,6 +134,15 @@ impl Experiment {
         opts: &serving_run::RunOptions,
     ) -> Result<Runs, RunError> {
         match self {
+            Experiment::Serving(s) if s.live => {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| LiveError::Actor(format!("cannot start tokio: {e}")))?;
+                Ok(Runs::Serving(
+                    rt.block_on(crate::serving::live::live_all(s))?,
+                ))
+            }
             Experiment::Serving(s) => Ok(Runs::Serving(
                 serving_run::simulate_share(s, threads, opts)?
                     .into_iter()
@@ -302,6 +317,37 @@ fn describe_serving(s: &Scenario) -> String {
     if !s.faults.is_empty() {
         let kinds: Vec<&str> = s.faults.iter().map(|f| f.kind()).collect();
         let _ = writeln!(o, "  faults: {}", kinds.join(", "));
+    }
+    let pricing = match &s.serving.profile {
+        Some((path, fit)) => format!(
+            "the profile {} (ns = {:.0} + {:.0} x members + {:.1} x new tokens + {:.3} x \
+             attention pairs + {:.2} x K/V tokens read)",
+            path.display(),
+            fit.coef[0],
+            fit.coef[1],
+            fit.coef[2],
+            fit.coef[3],
+            fit.coef[4]
+        ),
+        None => "the roofline of the GPU".into(),
+    };
+    let _ = writeln!(
+        o,
+        "  iterations priced by {pricing}{}",
+        if s.serving.shared_device {
+            "; all instances share one device"
+        } else {
+            ""
+        }
+    );
+    if s.live {
+        let _ = writeln!(
+            o,
+            "  live: candle f32 with a paged K/V cache per instance, {:.2} GiB held at most, \
+             {:.0} s per policy at most",
+            crate::serving::live::live_bytes(s) as f64 / GIB as f64,
+            s.max_wall.as_secs_f64()
+        );
     }
     o
 }

@@ -16,6 +16,7 @@ use candle_core::{DType, Device, DeviceLocation};
 
 use crate::backend::{Activation, CacheState, CandleBackend, ModelBackend, StepOutput};
 use crate::exec::{TransformerConfig, WeightSource};
+use crate::model::batch_profile::BatchProfile;
 use crate::model::profile::{Profile, ProfileError, ShardProfile, check_grid, check_layers};
 use crate::results::output;
 use crate::units::Nanos;
@@ -242,6 +243,313 @@ pub fn measure(
                 decode,
             })
             .collect(),
+        serving: None,
+    })
+}
+
+/// The iterations and transfers that [`measure_serving`] times.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServingGrid {
+    /// Prefill chunks from an empty cache: new tokens.
+    pub prefill: Vec<u32>,
+    /// A chunk of `chunk` new tokens after each of these cached contexts.
+    pub chunk: u32,
+    pub chunk_contexts: Vec<u32>,
+    /// Decode steps: members of the batch, and the context each has cached.
+    pub batches: Vec<u32>,
+    pub contexts: Vec<u32>,
+    /// Store transfers: whole tensors exported and loaded at once.
+    pub tensors: Vec<u32>,
+    pub block_size: u32,
+    pub tensor_tokens: u32,
+    pub repeats: u32,
+}
+
+impl Default for ServingGrid {
+    fn default() -> ServingGrid {
+        ServingGrid {
+            prefill: vec![16, 64, 128, 256, 512],
+            chunk: 64,
+            chunk_contexts: vec![256, 512, 1024],
+            batches: vec![1, 4, 8, 16],
+            contexts: vec![128, 512, 1024],
+            tensors: vec![1, 4, 8],
+            block_size: 16,
+            tensor_tokens: 64,
+            repeats: 5,
+        }
+    }
+}
+
+impl ServingGrid {
+    /// Checks every list (positive, increasing) and the sizes.
+    pub fn check(&self, origin: &str) -> Result<(), ProfileError> {
+        let list = |key: &str, v: &[u32]| {
+            let xs: Vec<i64> = v.iter().map(|&x| x as i64).collect();
+            check_grid(origin, key, &xs)
+        };
+        list("prefill", &self.prefill)?;
+        list("chunk_contexts", &self.chunk_contexts)?;
+        list("batches", &self.batches)?;
+        list("contexts", &self.contexts)?;
+        list("tensors", &self.tensors)?;
+        let too_big = |key: &str, v: u64| -> Result<(), ProfileError> {
+            if v > MAX_PROFILE_TOKENS as u64 {
+                return Err(ProfileError::Grid {
+                    file: origin.into(),
+                    key: key.into(),
+                    message: format!("{v} tokens: at most {MAX_PROFILE_TOKENS}"),
+                });
+            }
+            Ok(())
+        };
+        for (key, v) in [
+            ("chunk", self.chunk as u64),
+            ("block_size", self.block_size as u64),
+            ("tensor_tokens", self.tensor_tokens as u64),
+            ("repeats", self.repeats as u64),
+        ] {
+            if v == 0 {
+                return Err(ProfileError::NonPositive {
+                    file: origin.into(),
+                    key: key.into(),
+                    what: "number",
+                    value: 0,
+                });
+            }
+        }
+        if !self.tensor_tokens.is_multiple_of(self.block_size) {
+            return Err(ProfileError::Grid {
+                file: origin.into(),
+                key: "tensor_tokens".into(),
+                message: format!(
+                    "{} is not a multiple of the block size {}",
+                    self.tensor_tokens, self.block_size
+                ),
+            });
+        }
+        too_big("tokens", self.tokens())?;
+        if self.repeats > MAX_PROFILE_REPEATS || self.batches.iter().any(|&b| b > 256) {
+            return Err(ProfileError::Grid {
+                file: origin.into(),
+                key: "batches".into(),
+                message: format!("at most 256 members and {MAX_PROFILE_REPEATS} repeats"),
+            });
+        }
+        Ok(())
+    }
+
+    /// The longest sequence a measurement holds.
+    fn tokens(&self) -> u64 {
+        let last = |v: &[u32]| v.iter().copied().max().unwrap_or(0) as u64;
+        last(&self.prefill)
+            .max(last(&self.chunk_contexts) + self.chunk as u64)
+            .max(last(&self.contexts) + 1)
+            .max(last(&self.tensors) * self.tensor_tokens as u64)
+    }
+}
+
+/// Tensors exported by a serving measurement, read back by its loads.
+#[derive(Default)]
+struct Held(std::sync::Mutex<std::collections::BTreeMap<u64, std::sync::Arc<crate::exec::HostKv>>>);
+
+impl crate::backend::KvSource for Held {
+    fn read(&self, _node: u32, _ssd: bool, id: u64) -> Option<std::sync::Arc<crate::exec::HostKv>> {
+        self.0.lock().ok()?.get(&id).cloned()
+    }
+}
+
+/// Measures the serving batch backend ([`crate::backend::PagedCandleBackend`]) of `cfg`
+/// (all layers, f32, weights from `weights`) on `device`: the median wall time of whole
+/// iterations of the shapes of `grid`, and of exporting and loading whole store tensors. See
+/// [`crate::model::batch_profile`].
+pub fn measure_serving(
+    cfg: &TransformerConfig,
+    weights: &WeightSource,
+    device: &Device,
+    grid: &ServingGrid,
+) -> Result<BatchProfile, ProfileError> {
+    use crate::backend::{BatchBackend, KvSource, LoadItem, Member, PagedCandleBackend};
+    use crate::model::batch_profile::IterationPoint;
+    use crate::model::cost::BatchShape;
+    use crate::workload::{ReqId, Request, TokenArena, Trace};
+    use std::sync::Arc;
+
+    grid.check("grid")?;
+    let fail = |e: &dyn std::fmt::Display| ProfileError::Measure(e.to_string());
+    cfg.validate().map_err(|e| fail(&e))?;
+    let members = grid.batches.iter().copied().max().unwrap_or(1).max(2) as usize;
+    let len = grid.tokens() as usize;
+    let mut arena = TokenArena::default();
+    let mut requests = Vec::with_capacity(members);
+    for i in 0..members {
+        let seg = arena.push(crate::workload::seeded_prompt(
+            PROMPT_SEED,
+            i as u32,
+            len,
+            cfg.vocab,
+        ));
+        requests.push(Request {
+            arrival: Nanos::ZERO,
+            segments: vec![seg],
+            prompt_tokens: len as u32,
+            output_tokens: 1,
+            context: i as u32,
+        });
+    }
+    let trace = Arc::new(Trace {
+        arena,
+        requests,
+        contexts: members as u32,
+    });
+    let bs = grid.block_size as usize;
+    let per = len.div_ceil(bs);
+    let tables: Vec<Vec<u32>> = (0..members)
+        .map(|i| ((i * per) as u32..((i + 1) * per) as u32).collect())
+        .collect();
+    let vb = crate::exec::weights::var_builder(cfg, 0..cfg.layers, weights, DType::F32, device)
+        .map_err(|e| fail(&e))?;
+    let model = crate::exec::ShardModel::new(cfg, 0..cfg.layers, vb).map_err(|e| fail(&e))?;
+    let held = Arc::new(Held::default());
+    let mut backend = PagedCandleBackend::new(
+        model,
+        trace,
+        grid.block_size,
+        (members * per) as u32,
+        Some(held.clone() as Arc<dyn KvSource>),
+    )
+    .map_err(|e| fail(&e))?;
+    // Tokens whose K/V each member's blocks hold.
+    let mut filled = vec![0u32; members];
+    let run = |backend: &mut PagedCandleBackend,
+               who: &[(usize, u32, u32)]|
+     -> Result<u64, ProfileError> {
+        let mut shape = BatchShape::default();
+        let mut ms: Vec<Member<'_>> = who
+            .iter()
+            .map(|&(i, computed, n)| {
+                shape.add(n as u64, computed as u64, false);
+                Member {
+                    req: ReqId(i as u32),
+                    blocks: &tables[i],
+                    computed,
+                    n,
+                    generated: &[],
+                    sampled: None,
+                }
+            })
+            .collect();
+        let started = Instant::now();
+        let r = backend.iteration(&shape, &mut ms);
+        let synced = device.synchronize();
+        let t = started.elapsed();
+        r.map_err(|e| fail(&e))?;
+        synced.map_err(|e| fail(&e))?;
+        Ok(u64::try_from(t.as_nanos()).unwrap_or(u64::MAX))
+    };
+    // Untimed: member `i`'s blocks hold its first `c` tokens.
+    let fill = |backend: &mut PagedCandleBackend, filled: &mut [u32], i: usize, c: u32| {
+        while filled[i] < c {
+            let n = (c - filled[i]).min(512);
+            run(backend, &[(i, filled[i], n)])?;
+            filled[i] += n;
+        }
+        Ok::<(), ProfileError>(())
+    };
+    let timed = |backend: &mut PagedCandleBackend,
+                 who: &[(usize, u32, u32)]|
+     -> Result<Nanos, ProfileError> {
+        run(backend, who)?; // warm-up
+        let mut times = Vec::with_capacity(grid.repeats as usize);
+        for _ in 0..grid.repeats {
+            times.push(run(backend, who)?);
+        }
+        Ok(median(&mut times))
+    };
+    let mut iterations = Vec::new();
+    let mut point = |members: u32, n: u32, c: u32, time: Nanos| {
+        iterations.push(IterationPoint {
+            members,
+            new_tokens: n,
+            cached: c,
+            time,
+        })
+    };
+    // A timed run writes its tokens' K/V into the blocks and ends them there: the member's
+    // blocks then hold `c + n` tokens.
+    for &n in &grid.prefill {
+        let t = timed(&mut backend, &[(0, 0, n)])?;
+        filled[0] = n;
+        point(1, n, 0, t);
+    }
+    for &c in &grid.chunk_contexts {
+        fill(&mut backend, &mut filled, 0, c)?;
+        let t = timed(&mut backend, &[(0, c, grid.chunk)])?;
+        filled[0] = c + grid.chunk;
+        point(1, grid.chunk, c, t);
+    }
+    for &c in &grid.contexts {
+        for &b in &grid.batches {
+            for i in 0..b as usize {
+                fill(&mut backend, &mut filled, i, c)?;
+            }
+            let who: Vec<(usize, u32, u32)> = (0..b as usize).map(|i| (i, c, 1)).collect();
+            let t = timed(&mut backend, &who)?;
+            for f in &mut filled[..b as usize] {
+                *f = c + 1;
+            }
+            point(b, 1, c, t);
+        }
+    }
+    let tt = grid.tensor_tokens;
+    let most = grid.tensors.iter().copied().max().unwrap_or(1);
+    fill(&mut backend, &mut filled, 0, most * tt)?;
+    let mut export = Vec::new();
+    let mut load = Vec::new();
+    for &k in &grid.tensors {
+        let tensors: Vec<(u64, u32)> = (0..k).map(|j| (j as u64, j * tt)).collect();
+        let mut times = Vec::new();
+        let mut data = Vec::new();
+        for _ in 0..=grid.repeats {
+            let started = Instant::now();
+            data = backend
+                .export(&tables[0], &tensors, tt)
+                .map_err(|e| fail(&e))?;
+            times.push(u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX));
+        }
+        times.remove(0);
+        let bytes: u64 = data.iter().map(|(_, kv)| kv.bytes()).sum();
+        export.push((bytes, median(&mut times)));
+        if let Ok(mut h) = held.0.lock() {
+            h.extend(data);
+        }
+        let items: Vec<LoadItem> = (0..k)
+            .map(|j| LoadItem {
+                node: 0,
+                ssd: false,
+                id: j as u64,
+                start: j * tt,
+            })
+            .collect();
+        let mut times = Vec::new();
+        for _ in 0..=grid.repeats {
+            let started = Instant::now();
+            backend
+                .load(&tables[1], &items, tt, 0..k * tt)
+                .map_err(|e| fail(&e))?;
+            let synced = device.synchronize();
+            times.push(u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX));
+            synced.map_err(|e| fail(&e))?;
+        }
+        times.remove(0);
+        load.push((bytes, median(&mut times)));
+    }
+    Ok(BatchProfile {
+        block_size: grid.block_size,
+        tensor_tokens: tt,
+        iterations,
+        export,
+        load,
     })
 }
 

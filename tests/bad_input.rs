@@ -402,3 +402,48 @@ fn arrivals_beyond_the_time_limit_are_refused_before_anything_runs() {
     let text = format!("{}\n[limits]\nmax_sim_time_s = 60.0\n", small_text());
     assert_eq!(meshsim("check", &text).status, 0);
 }
+
+/// The small scenario with `mode = "live"` and the lines `extra` after `[serving]`.
+fn live_text(extra: &str) -> String {
+    format!("mode = \"live\"\n{}", small_text())
+        .replace("[serving]\n", &format!("[serving]\n{extra}"))
+}
+
+#[test]
+fn live_runs_refuse_what_candle_cannot_compute_before_any_work() {
+    // The small scenario is Mistral-7B in bf16 on A100s: live runs compute in f32.
+    assert_rejected(&live_text(""), "model.dtype", "f32");
+    let f32 = live_text("").replace(
+        "preset = \"mistral-7b-instruct-v0.2\"",
+        "preset = \"mistral-7b-instruct-v0.2\"\ndtype = \"f32\"",
+    );
+    // f32 weights of Mistral-7B plus 32 A100s' K/V memory: far beyond what a live run holds.
+    assert_rejected(
+        &f32,
+        "hardware.gpu.memory_gib",
+        "live runs hold at most 16 GiB",
+    );
+    let unknown = small_text().replace(
+        "preset = \"mistral-7b-instruct-v0.2\"",
+        "preset = \"mistral-7b-instruct-v0.2\"\ndtype = \"f64\"",
+    );
+    assert_rejected(&unknown, "model.dtype", "unknown element type \"f64\"");
+    let mode = format!("mode = \"turbo\"\n{}", small_text());
+    assert_rejected(&mode, "mode", "turbo");
+}
+
+#[test]
+fn serving_profiles_and_wall_limits_are_checked() {
+    assert_rejected(
+        &live_text("profile = \"nowhere.toml\"\n"),
+        "serving.profile",
+        "nowhere.toml",
+    );
+    let text = format!("{}\n[limits]\nmax_wall_s = 1e20\n", small_text());
+    if small_text().contains("[limits]") {
+        let t = small_text().replace("[limits]\n", "[limits]\nmax_wall_s = 1e20\n");
+        assert_rejected(&t, "limits.max_wall_s", "more than a week");
+    } else {
+        assert_rejected(&text, "limits.max_wall_s", "more than a week");
+    }
+}

@@ -139,3 +139,45 @@ fn swapping_the_runs_flips_the_sign_of_the_percentile_errors() {
         "{md}"
     );
 }
+
+#[test]
+fn policies_that_the_simulation_orders_must_rank_the_same_live() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sim, live) = (dir.path().join("sim"), dir.path().join("live"));
+    let sim_rows: [Row; 4] = [
+        ("cached", 0, "ok", 10.0, Some(1.0)),
+        ("cached", 1, "ok", 10.0, Some(1.0)),
+        ("stateless", 0, "ok", 20.0, Some(1.0)),
+        ("stateless", 1, "ok", 20.0, Some(1.0)),
+    ];
+    // Live, stateless is the faster one: the ranking is not the same.
+    let live_rows: [Row; 4] = [
+        ("cached", 0, "ok", 30.0, Some(1.0)),
+        ("cached", 1, "ok", 30.0, Some(1.0)),
+        ("stateless", 0, "ok", 15.0, Some(1.0)),
+        ("stateless", 1, "ok", 15.0, Some(1.0)),
+    ];
+    write_folder(&sim, &sim_rows);
+    write_folder(&live, &live_rows);
+    let md = meshsim::results::compare::compare(&sim, &live).unwrap();
+    assert!(
+        md.contains(
+            "- all requests: simulated cached < stateless; live stateless < cached: not the \
+             same: cached and stateless swap."
+        ),
+        "{md}"
+    );
+    // Within 1 % in the simulation they are tied, and any live order agrees.
+    let tied: Vec<Row> = sim_rows
+        .iter()
+        .map(|&(p, i, s, _, t)| (p, i, s, 10.0, t))
+        .collect();
+    write_folder(&sim, &tied);
+    let md = meshsim::results::compare::compare(&sim, &live).unwrap();
+    assert!(
+        md.contains("simulated cached = stateless; live stateless < cached: the same."),
+        "{md}"
+    );
+    // These folders have no arrival times: no throughput table.
+    assert!(!md.contains("Throughput"), "{md}");
+}

@@ -19,10 +19,14 @@
 
 mod batch;
 mod candle;
+mod paged;
 mod sim;
 
-pub use batch::{BatchBackend, SimBatchBackend};
+pub use batch::{
+    BatchBackend, BlockId, KvData, KvSource, LoadItem, Member, Sampled, SimBatchBackend, TensorId,
+};
 pub use candle::CandleBackend;
+pub use paged::{DeviceLock, PagedCandleBackend, Timing};
 pub use sim::SimBackend;
 
 use candle_core::Tensor;
@@ -187,6 +191,8 @@ pub enum BackendError {
     ForeignCache,
     #[error("an activation from another backend or for another shard")]
     ForeignActivation,
+    #[error("store: {0}")]
+    Store(String),
     #[error(transparent)]
     Exec(#[from] ExecError),
 }

@@ -32,9 +32,114 @@ pub(crate) struct ProfileArgs {
     /// Seed of the weights.
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,
+    /// Profile the serving batch backend (whole iterations of a paged K/V cache, store
+    /// exports and loads) instead of pipeline shards: the profile that `serving.profile`
+    /// takes.
+    #[arg(long)]
+    pub(crate) serving: bool,
+    /// With --serving: the KV block size in tokens.
+    #[arg(long, default_value_t = 16)]
+    pub(crate) block_size: u32,
+    /// With --serving: tokens per store tensor.
+    #[arg(long, default_value_t = 64)]
+    pub(crate) tensor_tokens: u32,
     /// The profile file to write.
     #[arg(long)]
     pub(crate) out: PathBuf,
+}
+
+/// `meshsim profile --serving`.
+fn profile_serving(a: &ProfileArgs, config: &meshsim::exec::TransformerConfig) -> ExitCode {
+    use meshsim::profiling::{self as profile, ServingGrid};
+    let bad = |msg: String| {
+        eprintln!("error: {msg}");
+        ExitCode::from(EXIT_BAD_INPUT)
+    };
+    let grid = ServingGrid {
+        repeats: a.repeats,
+        block_size: a.block_size,
+        tensor_tokens: a.tensor_tokens,
+        ..ServingGrid::default()
+    };
+    if let Err(e) = grid.check("arguments") {
+        return bad(e.to_string());
+    }
+    let replaces = output::Replaces::Header(output::PROFILE_HEADER);
+    if let Err(e) = output::check_out_file(&a.out, replaces) {
+        return refused(e);
+    }
+    let device = meshsim::exec::default_device();
+    let started = Instant::now();
+    let weights = meshsim::exec::WeightSource::Seeded(a.seed);
+    let b = match profile::measure_serving(config, &weights, &device, &grid) {
+        Ok(b) => b,
+        Err(e) if e.is_bad_input() => return bad(e.to_string()),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_FAILED);
+        }
+    };
+    let p = meshsim::model::profile::Profile {
+        model: config.name.clone(),
+        device: profile::device_name(&device),
+        dtype: "f32".into(),
+        repeats: a.repeats,
+        shards: Vec::new(),
+        serving: Some(b.clone()),
+    };
+    if let Err(e) = profile::write(&p, &a.out) {
+        eprintln!("error: {e}");
+        return ExitCode::from(EXIT_FAILED);
+    }
+    println!(
+        "serving profile of {} on {} ({} iterations, {} repeats) in {:.1} s -> {}",
+        p.model,
+        p.device,
+        b.iterations.len(),
+        p.repeats,
+        started.elapsed().as_secs_f64(),
+        a.out.display()
+    );
+    let fit = b.fit();
+    println!(
+        "  iteration ns = {:.0} + {:.0} x members + {:.1} x new tokens + {:.4} x attention pairs \
+         + {:.2} x K/V tokens read",
+        fit.coef[0], fit.coef[1], fit.coef[2], fit.coef[3], fit.coef[4]
+    );
+    let mut worst: f64 = 0.0;
+    for it in &b.iterations {
+        let model = fit.iteration(&it.shape()).0 as f64;
+        let err = (model - it.time.0 as f64) / it.time.0 as f64;
+        worst = worst.max(err.abs());
+        println!(
+            "  {:>3} x {:>4} new after {:>5}: measured {:>9.3} ms, fitted {:>9.3} ms ({:+.1}%)",
+            it.members,
+            it.new_tokens,
+            it.cached,
+            it.time.as_ms_f64(),
+            model / 1e6,
+            100.0 * err
+        );
+    }
+    println!("  largest fit error {:.1}%", 100.0 * worst);
+    for (what, points, (a0, per_byte)) in [
+        ("export", &b.export, b.export_line()),
+        ("load", &b.load, b.load_line()),
+    ] {
+        let last = points.last().map_or(0, |p| p.0);
+        println!(
+            "  store {what}: {:.2} GB/s ({:.0} us + {:.3} ns/byte; {} bytes at most)",
+            if per_byte > 0.0 {
+                1.0 / per_byte
+            } else {
+                f64::INFINITY
+            },
+            a0 / 1e3,
+            per_byte,
+            last
+        );
+    }
+    ExitCode::SUCCESS
 }
 
 pub(crate) fn profile_run(a: &ProfileArgs) -> ExitCode {
@@ -50,6 +155,9 @@ pub(crate) fn profile_run(a: &ProfileArgs) -> ExitCode {
             meshsim::model::catalogue::names()
         ));
     };
+    if a.serving {
+        return profile_serving(a, &config);
+    }
     let layers = match meshsim::model::split_layers(config.layers, a.shards) {
         Ok(l) => l,
         Err(e) => return bad(format!("--shards: {e}")),

@@ -17,6 +17,9 @@ use meshsim::sim::progress::Board;
 pub(crate) fn check(scenario: &Path) -> ExitCode {
     match Experiment::load(scenario) {
         Ok(x) => {
+            if let Err(e) = x.check_live(&scenario.display().to_string()) {
+                return bad(e);
+            }
             print!("{}", x.describe());
             if let Err(e) = x.describe_traces(&mut std::io::stdout()) {
                 eprintln!("error: {e}");

@@ -9,7 +9,7 @@ pub mod kv;
 pub mod model;
 pub mod weights;
 
-pub use kv::{KvCache, KvSlice};
+pub use kv::{HostKv, KvCache, KvSlice};
 pub use model::{ShardInput, ShardModel, ShardOutput, TransformerConfig};
 pub use weights::WeightSource;
 

@@ -188,6 +188,7 @@ fn causal_mask(offset: usize, n: usize, dtype: DType, dev: &Device) -> candle_co
     Tensor::from_vec(mask, (n, total), dev)?.to_dtype(dtype)
 }
 
+#[derive(Clone)]
 struct Attention {
     q: Linear,
     k: Linear,
@@ -269,6 +270,7 @@ impl Attention {
     }
 }
 
+#[derive(Clone)]
 struct Mlp {
     gate: Linear,
     up: Linear,
@@ -290,6 +292,7 @@ impl Mlp {
     }
 }
 
+#[derive(Clone)]
 struct Block {
     input_norm: RmsNorm,
     attn: Attention,
@@ -314,6 +317,7 @@ impl Block {
 
 /// The weights of layers `[start, end)` of a transformer, plus the embedding if the range
 /// starts at layer 0 and the final norm and LM head if it ends at the last layer.
+#[derive(Clone)]
 pub struct ShardModel {
     cfg: TransformerConfig,
     layers: Range<usize>,

@@ -9,15 +9,22 @@
 //! * `send`: the message goes into the target's ractor mailbox; actors share one process, so
 //!   the payload size is only counted;
 //! * `timer`: a tokio timer that delivers the message to the actor itself;
-//! * `start(Work::Compute(_))`: the work has already run for real inside the handler (a
-//!   candle forward pass takes its wall time there), so it ends at once: `done` is delivered
-//!   (or the [`Then::Send`] message sent) right away; other kinds of work (fetches, SSD) have
-//!   no live implementation yet and are reported as errors;
+//! * `start(work)`: the work has already run for real inside the handler, so it ends at once:
+//!   `done` is delivered (or the [`Then::Send`] message sent) right away. A `Work::Compute` is
+//!   the candle forward pass that took its wall time there; a `Work::Fetch` is a store load
+//!   whose bytes the instance's backend copied from the store server's memory as it started
+//!   it (one process: the copy is the transfer; its bytes are counted); a `Work::Ssd` is a
+//!   demotion whose bytes the server already moved to its SSD tier (host memory here);
 //! * `rng`: the actor's own ChaCha8 stream, numbered as on the sim host.
 //!
 //! A handler runs on a tokio worker thread inside `block_in_place` (on a multi-threaded
 //! runtime), so CPU-bound model work does not starve the runtime; each actor handles one
 //! message at a time, in mailbox order.
+//!
+//! After every message it handles, an actor's invariants are checked ([`Actor::check`]);
+//! a broken one ends the run at once with the actor's id and the invariant's message (which
+//! names the request where one is concerned). Live runs are small, so checking after every
+//! message costs little next to the real work of a handler.
 //!
 //! The end of a run follows the sim kernel's rule, "no event left": the host counts messages
 //! in flight (sent, or due on a timer, and not yet handled) and ends the run when the count
@@ -59,6 +66,8 @@ struct Shared<M> {
     wake: tokio::sync::Notify,
     messages: AtomicU64,
     bytes: AtomicU64,
+    /// Bytes of `Work::Fetch`es (store loads).
+    fetched: AtomicU64,
     errors: Mutex<Vec<String>>,
 }
 
@@ -133,11 +142,8 @@ impl<M: Message> Context<M> for LiveCtx<'_, M> {
         });
     }
     fn start_then(&mut self, work: Work, then: Then<M>) {
-        if !matches!(work, Work::Compute(_)) {
-            self.shared.error(format!(
-                "actor {}: {work:?} cannot run on the live host",
-                self.me.0
-            ));
+        if let Work::Fetch { bytes, .. } = work {
+            self.shared.fetched.fetch_add(bytes, Ordering::Relaxed);
         }
         match then {
             Then::Notify(done) => {
@@ -213,6 +219,9 @@ impl<M: Message> RactorActor for Shell<M> {
                         .or_else(|| panic.downcast_ref::<String>().cloned())
                         .unwrap_or_else(|| "a panic".into());
                     shared.error(format!("actor {} panicked: {what}", me.0));
+                } else if let Err(e) = actor.check() {
+                    // Live runs are small: every actor's invariants after every message.
+                    shared.error(format!("actor {}: invariant broken: {e}", me.0));
                 }
                 shared.landed();
             }
@@ -247,6 +256,8 @@ pub struct LiveOutcome {
     pub messages: u64,
     /// Payload bytes sent between actors.
     pub bytes: u64,
+    /// Bytes read by store loads (`Work::Fetch`).
+    pub fetched: u64,
 }
 
 /// Runs `actors` (ids 0, 1, ... in order) until no message is left in flight, for at most
@@ -265,6 +276,7 @@ pub async fn run<M: Message>(
         wake: tokio::sync::Notify::new(),
         messages: AtomicU64::new(0),
         bytes: AtomicU64::new(0),
+        fetched: AtomicU64::new(0),
         errors: Mutex::new(Vec::new()),
     });
     let n = actors.len();
@@ -352,6 +364,7 @@ pub async fn run<M: Message>(
         wall,
         messages: shared.messages.load(Ordering::Relaxed),
         bytes: shared.bytes.load(Ordering::Relaxed),
+        fetched: shared.fetched.load(Ordering::Relaxed),
     })
 }
 

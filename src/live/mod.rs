@@ -6,7 +6,9 @@
 //! inside the handler. Pipeline scenarios ([`crate::pipeline`]) use it with a
 //! [`crate::backend::CandleBackend`] per shard (`meshsim run <scenario> --live`), so the
 //! [`crate::pipeline::Head`] and [`crate::pipeline::ShardNode`] code that the simulator runs is
-//! exactly the code that runs live.
+//! exactly the code that runs live. Serving scenarios (`crate::serving::live`) use it with a
+//! [`crate::backend::PagedCandleBackend`] per instance and store servers that hold real K/V:
+//! the router, instance, metadata and store-server code is the simulator's.
 //!
 //! Addressing stays abstract: actors name each other by [`crate::actor::ActorId`], which
 //! the host maps to a mailbox, so actors could later live in other processes under

@@ -113,6 +113,9 @@ pub struct Report {
     /// Pipeline runs: the tokens each completed request generated, by request id (not
     /// written to the CSV files; for comparing hosts and backends).
     pub outputs: Vec<(u32, Vec<u32>)>,
+    /// Live serving runs: the logits of each completed request's first token, by request id
+    /// (to check that prefix reuse does not change the output).
+    pub first_logits: Vec<(u32, Vec<f32>)>,
     /// Requests the router sent to another instance after theirs crashed (faults).
     pub failovers: u64,
     /// Load groups that failed because their source lost its memory (faults).
@@ -129,9 +132,11 @@ impl Report {
             store,
             violations,
             outputs,
+            first_logits,
             failovers,
             failed_loads,
         } = part;
+        self.first_logits.extend(first_logits);
         self.failovers += failovers;
         self.failed_loads += failed_loads;
         self.records.extend(records);

@@ -124,8 +124,29 @@ pub const SMALL: Preset = Preset {
     source: "meshsim's own CPU benchmark model, with Llama's defaults",
 };
 
+/// [`TINY`] with Mistral's vocabulary (32,000 ids) and a 2,048-token context: the model of
+/// live serving runs on real text through the Mistral tokenizer, small enough for a CPU.
+pub const TINY_32K: Preset = Preset {
+    model: ModelConfig {
+        name: "tiny-32k",
+        vocab: 32000,
+        max_context: 2048,
+        ..TINY.model
+    },
+    rope_theta: 10_000.0,
+    rms_eps: 1e-5,
+    source: "meshsim's own test model with Mistral-7B's vocabulary size (its tokenizer's ids)",
+};
+
 /// Every preset, in the order error messages list them.
-pub const PRESETS: [&Preset; 5] = [&TINY, &TINY_QWEN, &SMALL, &MISTRAL_7B_V0_2, &QWEN2_5_0_5B];
+pub const PRESETS: [&Preset; 6] = [
+    &TINY,
+    &TINY_QWEN,
+    &TINY_32K,
+    &SMALL,
+    &MISTRAL_7B_V0_2,
+    &QWEN2_5_0_5B,
+];
 
 /// The preset called `name`.
 pub fn preset(name: &str) -> Option<&'static Preset> {
@@ -149,7 +170,7 @@ mod tests {
         assert_eq!(preset("gpt-5"), None);
         assert_eq!(
             names(),
-            "tiny, tiny-qwen, small, mistral-7b-instruct-v0.2, qwen2.5-0.5b"
+            "tiny, tiny-qwen, tiny-32k, small, mistral-7b-instruct-v0.2, qwen2.5-0.5b"
         );
     }
 }

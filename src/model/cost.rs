@@ -35,6 +35,8 @@ use crate::units::Nanos;
 /// The four sums that decide the cost of a batch (see the module doc).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BatchShape {
+    /// Sequences with work in the iteration (its members).
+    pub seqs: u64,
     pub new_tokens: u64,
     pub sampling_seqs: u64,
     pub attention_pairs: u64,
@@ -45,6 +47,7 @@ impl BatchShape {
     /// Adds `n` new tokens of one sequence that already has `cached` tokens in its KV cache.
     /// `samples` says whether this chunk ends the sequence's known tokens (and so samples one).
     pub fn add(&mut self, n: u64, cached: u64, samples: bool) {
+        self.seqs += 1;
         self.new_tokens += n;
         self.sampling_seqs += samples as u64;
         self.attention_pairs += n * cached + n * (n + 1) / 2;
@@ -154,6 +157,7 @@ mod tests {
         assert_eq!(
             b,
             BatchShape {
+                seqs: 2,
                 new_tokens: 5,
                 sampling_seqs: 2,
                 attention_pairs: 20,

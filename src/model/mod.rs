@@ -6,6 +6,7 @@
 //! per layer and KV head). Named models are defined once, in [`catalogue`]; the analytic
 //! cost of a step is [`cost`], a measured one [`profile`].
 
+pub mod batch_profile;
 pub mod catalogue;
 pub mod cost;
 pub mod profile;

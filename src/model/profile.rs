@@ -46,6 +46,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+use super::batch_profile::{BatchProfile, IterationPoint};
 use crate::units::Nanos;
 
 /// What can go wrong with a profile file or a measurement.
@@ -188,8 +189,11 @@ pub struct Profile {
     pub dtype: String,
     /// Runs per grid point (the median is kept).
     pub repeats: u32,
-    /// Head first; layer ranges contiguous from 0 to the model's last layer.
+    /// Head first; layer ranges contiguous from 0 to the model's last layer. Empty in a
+    /// profile of the serving batch backend alone.
     pub shards: Vec<ShardProfile>,
+    /// The serving batch backend's profile (`[serving]`, see [`super::batch_profile`]).
+    pub serving: Option<BatchProfile>,
 }
 
 #[derive(Deserialize)]
@@ -201,6 +205,17 @@ struct RawProfile {
     repeats: i64,
     #[serde(default)]
     shard: Vec<RawShard>,
+    serving: Option<RawServing>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServing {
+    block_size: i64,
+    tensor_tokens: i64,
+    iterations: Vec<Vec<i64>>,
+    export: Vec<Vec<i64>>,
+    load: Vec<Vec<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -334,6 +349,88 @@ fn parse_points(
         .collect()
 }
 
+/// Validates the `[serving]` table.
+fn parse_serving(file: &str, r: &RawServing) -> Result<BatchProfile, ProfileError> {
+    let positive = |key: &str, what: &'static str, v: i64| {
+        if v <= 0 || v > u32::MAX as i64 {
+            Err(ProfileError::NonPositive {
+                file: file.into(),
+                key: key.into(),
+                what,
+                value: v,
+            })
+        } else {
+            Ok(v as u32)
+        }
+    };
+    let block_size = positive("serving.block_size", "token count", r.block_size)?;
+    let tensor_tokens = positive("serving.tensor_tokens", "token count", r.tensor_tokens)?;
+    let mut iterations = Vec::with_capacity(r.iterations.len());
+    for (i, p) in r.iterations.iter().enumerate() {
+        let key = format!("serving.iterations[{i}]");
+        let [members, new_tokens, cached, ns] = p[..] else {
+            return Err(ProfileError::Invalid {
+                file: file.into(),
+                key,
+                message: format!(
+                    "expected [members, new tokens, cached tokens, ns], found {} numbers",
+                    p.len()
+                ),
+            });
+        };
+        if !(0..=u32::MAX as i64).contains(&cached) {
+            return Err(ProfileError::Invalid {
+                file: file.into(),
+                key,
+                message: format!("cached tokens {cached} out of range"),
+            });
+        }
+        iterations.push(IterationPoint {
+            members: positive(&key, "member count", members)?,
+            new_tokens: positive(&key, "token count", new_tokens)?,
+            cached: cached as u32,
+            time: Nanos(positive(&key, "time in ns", ns)? as u64),
+        });
+    }
+    if iterations.is_empty() {
+        return Err(ProfileError::EmptyGrid {
+            file: file.into(),
+            key: "serving.iterations".into(),
+        });
+    }
+    let bytes = |name: &str, v: &[Vec<i64>]| -> Result<Vec<(u64, Nanos)>, ProfileError> {
+        v.iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let key = format!("serving.{name}[{i}]");
+                let [b, ns] = p[..] else {
+                    return Err(ProfileError::Invalid {
+                        file: file.into(),
+                        key,
+                        message: format!("expected a pair [bytes, ns], found {} numbers", p.len()),
+                    });
+                };
+                if b <= 0 {
+                    return Err(ProfileError::NonPositive {
+                        file: file.into(),
+                        key,
+                        what: "byte count",
+                        value: b,
+                    });
+                }
+                Ok((b as u64, Nanos(positive(&key, "time in ns", ns)? as u64)))
+            })
+            .collect()
+    };
+    Ok(BatchProfile {
+        block_size,
+        tensor_tokens,
+        iterations,
+        export: bytes("export", &r.export)?,
+        load: bytes("load", &r.load)?,
+    })
+}
+
 impl Profile {
     /// Reads and validates a profile file.
     pub fn load(path: &Path) -> Result<Profile, ProfileError> {
@@ -414,15 +511,22 @@ impl Profile {
             });
         }
         let ranges: Vec<Range<usize>> = shards.iter().map(|s| s.layers.clone()).collect();
-        check_layers(file, &ranges, preset.model.layers as usize, |i| {
-            format!("shard[{i}].layers")
-        })?;
+        if !(ranges.is_empty() && raw.serving.is_some()) {
+            check_layers(file, &ranges, preset.model.layers as usize, |i| {
+                format!("shard[{i}].layers")
+            })?;
+        }
+        let serving = match &raw.serving {
+            None => None,
+            Some(r) => Some(parse_serving(file, r)?),
+        };
         Ok(Profile {
             model: raw.model,
             device: raw.device,
             dtype: raw.dtype,
             repeats: raw.repeats as u32,
             shards,
+            serving,
         })
     }
 
@@ -454,6 +558,34 @@ impl Profile {
                 "decode = {}   # [cached context tokens, ns]",
                 points(&sh.decode)
             );
+        }
+        if let Some(b) = &self.serving {
+            let _ = writeln!(
+                s,
+                "\n# The serving batch backend (PagedCandleBackend): whole iterations of\n\
+                 # [members, new tokens per member, cached tokens per member, ns], and\n\
+                 # [bytes, ns] of exporting / loading whole store tensors (see\n\
+                 # src/model/batch_profile.rs).\n[serving]"
+            );
+            let _ = writeln!(s, "block_size = {}", b.block_size);
+            let _ = writeln!(s, "tensor_tokens = {}", b.tensor_tokens);
+            let its: Vec<String> = b
+                .iterations
+                .iter()
+                .map(|p| {
+                    format!(
+                        "[{}, {}, {}, {}]",
+                        p.members, p.new_tokens, p.cached, p.time.0
+                    )
+                })
+                .collect();
+            let _ = writeln!(s, "iterations = [{}]", its.join(", "));
+            let pairs = |v: &[(u64, Nanos)]| {
+                let items: Vec<String> = v.iter().map(|(x, t)| format!("[{x}, {}]", t.0)).collect();
+                format!("[{}]", items.join(", "))
+            };
+            let _ = writeln!(s, "export = {}", pairs(&b.export));
+            let _ = writeln!(s, "load = {}", pairs(&b.load));
         }
         s
     }

@@ -6,7 +6,12 @@
 //! * TTFT and TPOT p50 and p99 (nearest rank) of each run and the signed error of the
 //!   simulation, `(sim - live) / live`;
 //! * the mean absolute per-request TTFT error, `mean |sim_i - live_i| / live_i`, which also
-//!   catches errors that cancel out in the percentiles.
+//!   catches errors that cancel out in the percentiles;
+//! * when both files have `arrival_ns` and `e2e_ns`: the throughput of each run over the
+//!   compared requests, `requests / (last end - first arrival)`, with the signed error;
+//! * per sweep point, whether the policies rank the same way by TTFT p50 in both runs: every
+//!   pair of policies that the simulation orders (their p50s differ by more than 1 %) must be
+//!   in the same order live.
 //!
 //! Only requests completed in both runs are compared. Both folders must come from the same
 //! scenario and seed (the same trace), for instance `meshsim run S.toml` and
@@ -45,6 +50,8 @@ pub enum CompareError {
 struct Times {
     ttft: f64,
     tpot: Option<f64>,
+    /// Arrival and end, in ms, when the file has them.
+    span: Option<(f64, f64)>,
 }
 
 type Key = (String, String, u32);
@@ -84,6 +91,7 @@ fn load(dir: &Path) -> Result<Vec<(Key, Times)>, CompareError> {
         need("tpot_ns")?,
     );
     let point = col("point");
+    let (arrival, e2e) = (col("arrival_ns"), col("e2e_ns"));
     let mut out = Vec::new();
     let mut f = csv::StringRecord::new();
     while rd
@@ -119,6 +127,13 @@ fn load(dir: &Path) -> Result<Vec<(Key, Times)>, CompareError> {
                 ),
             )
         })?;
+        let span = match (arrival, e2e) {
+            (Some(a), Some(e)) => {
+                let a = num(a)?;
+                Some((a, a + num(e)?))
+            }
+            _ => None,
+        };
         let t = Times {
             ttft: num(ttft)?,
             tpot: if field(tpot).is_empty() {
@@ -126,6 +141,7 @@ fn load(dir: &Path) -> Result<Vec<(Key, Times)>, CompareError> {
             } else {
                 Some(num(tpot)?)
             },
+            span,
         };
         let p = point.map(|c| field(c).to_string()).unwrap_or_default();
         out.push(((p, field(policy).to_string(), id), t));
@@ -237,6 +253,108 @@ pub fn compare(sim: &Path, live: &Path) -> Result<String, CompareError> {
             q(&sp, 50.0),
             q(&lp, 50.0),
             pct(q(&sp, 50.0), q(&lp, 50.0)),
+        );
+    }
+    let throughput = |pairs: &[(Times, Times)], live: bool| -> Option<f64> {
+        let spans: Vec<(f64, f64)> = pairs
+            .iter()
+            .map(|p| if live { p.1.span } else { p.0.span })
+            .collect::<Option<_>>()?;
+        let first = spans.iter().map(|s| s.0).fold(f64::INFINITY, f64::min);
+        let last = spans.iter().map(|s| s.1).fold(f64::NEG_INFINITY, f64::max);
+        (last > first).then(|| spans.len() as f64 / ((last - first) / 1e3))
+    };
+    if order
+        .iter()
+        .all(|k| throughput(&groups[k], false).is_some())
+    {
+        let _ = writeln!(
+            md,
+            "\nThroughput over the compared requests, requests/s:\n\n\
+             | point | policy | sim | live | error |\n|---|---|---:|---:|---:|"
+        );
+        for key in &order {
+            let (sim, live) = (
+                throughput(&groups[key], false).unwrap_or(0.0),
+                throughput(&groups[key], true).unwrap_or(0.0),
+            );
+            let point = if key.0.is_empty() { "-" } else { &key.0 };
+            let _ = writeln!(
+                md,
+                "| {point} | {} | {sim:.2} | {live:.2} | {} |",
+                key.1,
+                pct(sim, live)
+            );
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\nRanking by TTFT p50 (fastest first; policies within 1 % of each other in the \
+         simulation are tied):\n"
+    );
+    let mut points: Vec<&String> = Vec::new();
+    for (point, _) in &order {
+        if !points.contains(&point) {
+            points.push(point);
+        }
+    }
+    for point in points {
+        let mut rows: Vec<(&str, f64, f64)> = order
+            .iter()
+            .filter(|k| &k.0 == point)
+            .map(|k| {
+                let pairs = &groups[k];
+                let p50 = |v: Vec<f64>| nearest_rank(&sorted(v), 50.0);
+                (
+                    k.1.as_str(),
+                    p50(pairs.iter().map(|p| p.0.ttft).collect()),
+                    p50(pairs.iter().map(|p| p.1.ttft).collect()),
+                )
+            })
+            .collect();
+        // Fastest first; `=` between neighbours within 1 % of each other.
+        let names = |rows: &[(&str, f64, f64)], live: bool| {
+            let v = |r: &(&str, f64, f64)| if live { r.2 } else { r.1 };
+            let mut out = String::new();
+            for (i, r) in rows.iter().enumerate() {
+                if i > 0 {
+                    out += if v(r) > v(&rows[i - 1]) * 1.01 {
+                        " < "
+                    } else {
+                        " = "
+                    };
+                }
+                out += r.0;
+            }
+            out
+        };
+        rows.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let sim_order = names(&rows, false);
+        let mut swapped = Vec::new();
+        for i in 0..rows.len() {
+            for j in i + 1..rows.len() {
+                let (a, b) = (rows[i], rows[j]);
+                let ordered = b.1 > a.1 * 1.01;
+                if ordered && b.2 < a.2 {
+                    swapped.push(format!("{} and {}", a.0, b.0));
+                }
+            }
+        }
+        rows.sort_by(|a, b| a.2.total_cmp(&b.2));
+        let live_order = names(&rows, true);
+        let verdict = if swapped.is_empty() {
+            "the same".to_string()
+        } else {
+            format!("not the same: {} swap", swapped.join(", "))
+        };
+        let _ = writeln!(
+            md,
+            "- {}: simulated {sim_order}; live {live_order}: {verdict}.",
+            if point.is_empty() {
+                "all requests"
+            } else {
+                point
+            }
         );
     }
     Ok(md)

@@ -4,12 +4,15 @@
 //!
 //! Actors ([`router::Router`], [`instance::Instance`], [`store::server::StoreServer`],
 //! [`store::metadata::Metadata`]) exchange [`Msg`]; [`policy`] holds the strategies.
+//! [`run`] builds them and simulates them; [`live`] runs the same actors on the live host
+//! with real K/V on candle.
 
 pub(crate) mod block_index;
 pub(crate) mod block_pool;
 pub mod chaos;
 pub mod instance;
 pub mod kv_routing;
+pub mod live;
 pub mod msg;
 pub mod policy;
 pub mod prompt_hashes;

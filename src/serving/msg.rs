@@ -3,7 +3,8 @@
 
 use crate::actor::ActorId;
 use crate::metrics::Tier;
-use crate::serving::store::directory::{LoadPlan, TensorId};
+use crate::serving::store::directory::{Change, LoadPlan, TensorId};
+use crate::serving::store::memory::KvData;
 use crate::units::Nanos;
 use crate::workload::ReqId;
 
@@ -35,10 +36,16 @@ pub enum Msg {
     /// (node crash, store restart) before the last byte landed.
     LoadFailed(ReqId),
     /// Instance -> its node's store server: the KV of these tensors (payload), to store.
+    /// `data` carries the real K/V of the tensors it brings when the store holds bytes (the
+    /// live host; see [`crate::serving::store::memory`]), `None` in a simulation.
     StoreWrite {
         chain: Box<Vec<TensorId>>,
         replica: bool,
+        data: Option<Box<KvData>>,
     },
+    /// Metadata -> a store server whose holdings changed, when the store holds bytes: apply
+    /// these changes to its memory (see [`crate::serving::store::memory`]).
+    Apply(Box<Applied>),
     /// Store server -> metadata: tensors written on `node` (owned, or replicas).
     Insert {
         chain: Box<Vec<TensorId>>,
@@ -58,6 +65,16 @@ pub enum Msg {
     StoreLost(u32),
     /// The fault injector's own timer: inject fault `i` of its list now.
     Inject(u32),
+}
+
+/// What a store server applies to its memory after a placement decision.
+#[derive(Debug)]
+pub struct Applied {
+    /// The directory's changes for this server's node, in order.
+    pub changes: Vec<Change>,
+    /// The tensors of the write that caused them, if it was this server's (what of them is
+    /// still staged afterwards is freed).
+    pub written: Vec<TensorId>,
 }
 
 /// A prefix lookup.

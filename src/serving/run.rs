@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::actor::ActorId;
-use crate::backend::SimBatchBackend;
+use crate::actor::{Actor, ActorId};
+use crate::backend::BatchBackend;
 use crate::hardware::Place;
 use crate::hardware::network::{LinkBytes, Network};
 use crate::metrics::write::write_request_rows;
@@ -32,6 +32,7 @@ use crate::serving::router::{Router, RouterStrategy};
 use crate::serving::scenario::Scenario;
 use crate::serving::store::StoreRules;
 use crate::serving::store::directory::{Directory, StoreParams};
+use crate::serving::store::memory::ClusterMemory;
 use crate::serving::store::metadata::Metadata;
 use crate::serving::store::server::StoreServer;
 use crate::sim::fault::Fault;
@@ -56,6 +57,8 @@ pub struct PolicyRun {
     /// Where the run's `requests.csv` rows went when it was spooled ([`Spool`]); its
     /// `report.records` are then empty.
     pub spooled: Option<PathBuf>,
+    /// Live runs: how its outputs compare with vanilla's ([`crate::serving::live`]).
+    pub output_check: Option<crate::serving::live::OutputCheck>,
 }
 
 /// Where finished simulations write their `requests.csv` rows, so that a run does not hold
@@ -94,11 +97,11 @@ impl Spool<'_> {
 pub fn store_params(s: &Scenario, rules: &StoreRules) -> StoreParams {
     let hw = &s.hardware;
     let g = s.store.tensor_tokens as u64;
-    let cost = s.cost_model();
+    let cost = s.batch_backend();
     let prefill = |cached: u64| {
         let mut b = BatchShape::default();
         b.add(g, cached, false);
-        cost.iteration(&b).0 as f64
+        cost.price(&b).0 as f64
     };
     let base = prefill(0);
     StoreParams {
@@ -190,6 +193,44 @@ pub fn simulate_watched(
         request: s.store.fetch_request_overhead,
         segment: s.store.fetch_segment_overhead,
     });
+    let (actors, targets) = actors(s, trace, policy, &mut |_| Box::new(s.batch_backend()), None);
+    if s.serving.shared_device {
+        let places: Vec<Place> = (0..s.instances()).map(|i| s.instance_place(i)).collect();
+        host.share_device(&places);
+    }
+    for (actor, place) in actors {
+        host.add(actor, place);
+    }
+    if !s.faults.is_empty() {
+        inject(s, &mut host, targets);
+    }
+    let outcome = host.run()?;
+    let summary = Summary::new(policy.name(), &outcome.report, outcome.events);
+    Ok(PolicyRun {
+        policy,
+        report: outcome.report,
+        summary,
+        link_bytes: outcome.link_bytes,
+        wall: started.elapsed(),
+        spooled: None,
+        output_check: None,
+    })
+}
+
+/// Actors with their places, in id order.
+pub type Placed = Vec<(Box<dyn Actor<Msg>>, Place)>;
+
+/// The actors of one policy's run with their places, in id order (router, instances,
+/// metadata, store servers), and the targets of fault injection. Both hosts run exactly
+/// these: `backend` gives instance `i` its batch backend; with `memory` the store servers
+/// hold real bytes (the live host).
+pub fn actors(
+    s: &Scenario,
+    trace: Arc<Trace>,
+    policy: PolicyKind,
+    backend: &mut dyn FnMut(u32) -> Box<dyn BatchBackend>,
+    memory: Option<Arc<ClusterMemory>>,
+) -> (Placed, Targets) {
     let policy_impl: Arc<dyn Policy> = Arc::from(policy.build(&s.store));
     let n = s.instances();
     let router_id = ActorId(0);
@@ -217,8 +258,7 @@ pub fn simulate_watched(
             s.serving.kv_overlap_weight,
         ));
     }
-    let added = host.add(Box::new(router), Place::Frontend);
-    debug_assert_eq!(added, router_id);
+    let mut list: Placed = vec![(Box::new(router), Place::Frontend)];
     for i in 0..n {
         let place = s.instance_place(i);
         let link = rules.map(|_| StoreLink {
@@ -230,67 +270,46 @@ pub fn simulate_watched(
             overlap: s.store.load_overlap,
             layers: s.model.layers as u32,
         });
-        host.add(
-            Box::new(
-                Instance::new(
-                    i,
-                    router_id,
-                    trace.clone(),
-                    policy_impl.clone(),
-                    s.serving.instance,
-                    link,
-                    Box::new(SimBatchBackend::new(s.cost_model())),
-                )
-                .with_prompt_hashes(hashes.clone()),
-            ),
-            place,
-        );
+        let instance = Instance::new(
+            i,
+            router_id,
+            trace.clone(),
+            policy_impl.clone(),
+            s.serving.instance,
+            link,
+            backend(i),
+        )
+        .with_prompt_hashes(hashes.clone());
+        list.push((Box::new(instance), place));
     }
     if let Some(rules) = rules {
         let mut dir = Directory::new(store_params(s, &rules));
         dir.set_lease(s.store.read_lease.0);
-        let added = host.add(
-            Box::new(Metadata::new(
-                dir,
-                s.store.metadata_service,
-                server_ids.clone(),
-            )),
-            Place::Host { node: 0 },
-        );
-        debug_assert_eq!(added, metadata_id);
+        let mut metadata = Metadata::new(dir, s.store.metadata_service, server_ids.clone());
+        if memory.is_some() {
+            metadata = metadata.with_bytes();
+        }
+        debug_assert_eq!(list.len() as u32, metadata_id.0);
+        list.push((Box::new(metadata), Place::Host { node: 0 }));
         for node in 0..s.hardware.nodes {
-            host.add(
-                Box::new(StoreServer::new(node, metadata_id)),
-                Place::Host { node },
-            );
+            let mut server = StoreServer::new(node, metadata_id);
+            if let Some(m) = &memory {
+                server = server.with_memory(m.clone());
+            }
+            list.push((Box::new(server), Place::Host { node }));
         }
     }
-    if !s.faults.is_empty() {
-        inject(
-            s,
-            &mut host,
-            Targets {
-                router: router_id,
-                instances: instance_ids.into_iter().zip(nodes).collect(),
-                metadata: rules.map(|_| metadata_id),
-                servers: if rules.is_some() {
-                    server_ids
-                } else {
-                    Vec::new()
-                },
-            },
-        );
-    }
-    let outcome = host.run()?;
-    let summary = Summary::new(policy.name(), &outcome.report, outcome.events);
-    Ok(PolicyRun {
-        policy,
-        report: outcome.report,
-        summary,
-        link_bytes: outcome.link_bytes,
-        wall: started.elapsed(),
-        spooled: None,
-    })
+    let targets = Targets {
+        router: router_id,
+        instances: instance_ids.into_iter().zip(nodes).collect(),
+        metadata: rules.map(|_| metadata_id),
+        servers: if rules.is_some() {
+            server_ids
+        } else {
+            Vec::new()
+        },
+    };
+    (list, targets)
 }
 
 /// Adds the scenario's faults: hardware ones to the host, the others to a fault injector

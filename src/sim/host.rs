@@ -431,6 +431,18 @@ impl<M> SimHost<M> {
         device
     }
 
+    /// The compute of actors at any of `places` queues on one device (FIFO), as on a machine
+    /// whose places share one processor (a live run's CPU). Call before adding those actors.
+    pub fn share_device(&mut self, places: &[Place]) {
+        let Some(&first) = places.first() else {
+            return;
+        };
+        let d = self.device(first);
+        for &p in &places[1..] {
+            self.device_of.insert(p, d);
+        }
+    }
+
     /// From `at` until `until`, the NICs of `node` run at `factor` of their bandwidth
     /// (`factor = 0`: cut, nothing crosses them before `until`). See `crate::sim::fault`.
     pub fn slow_nics(&mut self, node: u32, at: Nanos, until: Nanos, factor: f64) {

@@ -404,6 +404,7 @@ impl Oracle {
                 tensors: members.len() as u32,
                 bytes: members.len() as u64 * self.p.tensor_bytes,
                 segments,
+                indices: members.iter().map(|&m| (skip + m) as u32).collect(),
             });
         }
         let remote: Vec<TensorId> = (skip..k)

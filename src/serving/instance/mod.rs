@@ -82,7 +82,7 @@ use std::sync::Arc;
 use super::block_pool::{BlockId, BlockPool};
 use super::msg::{Completion, Lookup, Msg};
 use crate::actor::{Actor, ActorId, Context, Medium, Work, unexpected};
-use crate::backend::BatchBackend;
+use crate::backend::{BatchBackend, LoadItem, Member, Sampled};
 use crate::hardware::Place;
 use crate::metrics::Tier;
 use crate::metrics::{InstanceStats, Report};
@@ -156,6 +156,11 @@ struct Seq {
     stored: bool,
     /// Its store load, from the lookup reply until the load's results are applied.
     load: Option<Load>,
+    /// Real backends only: the tokens it generated, the token its running iteration sampled
+    /// (applied with the iteration's results), and its first token's logits.
+    out: Vec<u32>,
+    pending: Option<Sampled>,
+    first_logits: Option<Vec<f32>>,
 }
 
 /// A store load: planned at the lookup reply, started at admission (see the module doc).
@@ -230,6 +235,11 @@ pub struct Instance {
     stale_loads: BTreeMap<ReqId, u32>,
     /// Load groups that failed (their source lost its memory mid-read).
     failed_loads: u64,
+    /// The backend computes real tensors (see [`BatchBackend::real`]): the generated tokens
+    /// and first-token logits of finished requests.
+    real: bool,
+    outputs: Vec<(u32, Vec<u32>)>,
+    first_logits: Vec<(u32, Vec<f32>)>,
 }
 
 impl Instance {
@@ -261,12 +271,15 @@ impl Instance {
             look_in_gpu,
             store,
             loading: BTreeMap::new(),
-            backend,
             violations: Vec::new(),
             crashed: false,
             losses: 0,
             failed_loads: 0,
             stale_loads: BTreeMap::new(),
+            real: backend.real(),
+            outputs: Vec::new(),
+            first_logits: Vec::new(),
+            backend,
         }
     }
 
@@ -331,6 +344,9 @@ impl Instance {
             replicate: Vec::new(),
             stored: false,
             load: None,
+            out: Vec::new(),
+            pending: None,
+            first_logits: None,
         };
         if let Some(st) = &self.store {
             // A tensor's id is the hash of the last block of its chunk (hashes are chained).
@@ -374,6 +390,7 @@ impl Instance {
         seq.computed = 0;
         seq.scheduled = 0;
         seq.registered = 0;
+        seq.pending = None;
     }
 
     fn preempt(&mut self, mut seq: Seq) {
@@ -435,7 +452,12 @@ impl Instance {
         self.stats.iterations += 1;
         self.busy_since = Some(ctx.now());
         self.phase = Phase::Compute;
-        let duration = match self.backend.iteration(&shape) {
+        let ran = if self.real {
+            self.run_members(&shape)
+        } else {
+            self.backend.iteration(&shape, &mut [])
+        };
+        let duration = match ran {
             Ok(d) => d,
             Err(e) => {
                 // The iteration still ends (at once), so the instance never stalls; the run
@@ -446,6 +468,32 @@ impl Instance {
             }
         };
         ctx.start(Work::Compute(duration), Msg::WorkDone);
+    }
+
+    /// Runs the iteration on a real backend: its members are the running sequences with
+    /// tokens scheduled; each one's sampled token waits in it until the iteration's results
+    /// are applied.
+    fn run_members(&mut self, shape: &BatchShape) -> Result<Nanos, crate::backend::BackendError> {
+        let mut members: Vec<Member<'_>> = self
+            .running
+            .iter()
+            .filter(|s| s.scheduled > 0)
+            .map(|s| Member {
+                req: s.req,
+                blocks: &s.blocks,
+                computed: s.computed,
+                n: s.scheduled,
+                generated: &s.out,
+                sampled: None,
+            })
+            .collect();
+        let r = self.backend.iteration(shape, &mut members);
+        let sampled: Vec<Option<Sampled>> = members.into_iter().map(|m| m.sampled).collect();
+        let scheduled = self.running.iter_mut().filter(|s| s.scheduled > 0);
+        for (seq, got) in scheduled.zip(sampled) {
+            seq.pending = got;
+        }
+        r
     }
 
     /// Admits waiting requests in arrival order while `max_num_seqs` allows, budget is left
@@ -506,7 +554,7 @@ impl Instance {
                 }
             }
             if store_usable {
-                self.start_load(&mut seq, ctx);
+                self.start_load(&mut seq, gpu_tokens..cached, ctx);
             } else if seq.load.is_some() {
                 // Nothing to load beyond the GPU hits: the plan is not started.
                 Self::without_load(&mut seq);
@@ -579,11 +627,30 @@ impl Instance {
                 let new =
                     seq.chain.len() as u64 - (seq.stored_chunks as u64).min(seq.chain.len() as u64);
                 if new > 0 {
+                    let data = if self.real {
+                        let first = seq.stored_chunks as usize;
+                        let tensors: Vec<(u64, u32)> = (first..seq.chain.len())
+                            .map(|k| (seq.chain[k], k as u32 * st.tensor_tokens))
+                            .collect();
+                        match self.backend.export(&seq.blocks, &tensors, st.tensor_tokens) {
+                            Ok(d) => Some(Box::new(d)),
+                            Err(e) => {
+                                self.violations.push(format!(
+                                    "instance {}: request {}: store write: {e}",
+                                    self.index, seq.req.0
+                                ));
+                                None
+                            }
+                        }
+                    } else {
+                        None
+                    };
                     ctx.send(
                         st.servers[st.node as usize],
                         Msg::StoreWrite {
                             chain: Box::new(seq.chain.clone()),
                             replica: false,
+                            data,
                         },
                         new * st.tensor_bytes,
                     );
@@ -593,6 +660,12 @@ impl Instance {
                 i += 1;
                 continue;
             }
+            if let Some(got) = seq.pending.take() {
+                seq.out.push(got.token);
+                if got.logits.is_some() {
+                    seq.first_logits = got.logits;
+                }
+            }
             seq.generated += 1;
             if seq.generated == 1 {
                 ctx.send(self.router, Msg::FirstToken(seq.req, self.index), 4);
@@ -601,8 +674,23 @@ impl Instance {
                 i += 1;
                 continue;
             }
-            let seq = self.running.remove(i);
+            let mut seq = self.running.remove(i);
             self.pool.release(&seq.blocks);
+            if self.real {
+                if seq.out.len() != seq.output_len as usize {
+                    self.violations.push(format!(
+                        "instance {}: request {} generated {} of {} tokens",
+                        self.index,
+                        seq.req.0,
+                        seq.out.len(),
+                        seq.output_len
+                    ));
+                }
+                self.outputs.push((seq.req.0, std::mem::take(&mut seq.out)));
+                if let Some(l) = seq.first_logits.take() {
+                    self.first_logits.push((seq.req.0, l));
+                }
+            }
             ctx.send(
                 self.router,
                 Msg::Finished(Box::new(Completion {
@@ -650,6 +738,10 @@ impl Actor<Msg> for Instance {
     fn report(&self, report: &mut Report) {
         report.violations.extend(self.violations.iter().cloned());
         report.failed_loads += self.failed_loads;
+        report.outputs.extend(self.outputs.iter().cloned());
+        report
+            .first_logits
+            .extend(self.first_logits.iter().cloned());
         if self.crashed {
             // Its state stopped at the crash; the router accounted for its requests.
             report.instances.push(self.stats());

@@ -45,17 +45,55 @@ impl Instance {
     }
 
     /// Starts every group of `seq`'s load at once (at its admission, its blocks allocated).
-    pub(super) fn start_load(&mut self, seq: &mut Seq, ctx: &mut dyn Context<Msg>) {
+    /// A real backend reads the K/V of each group into the blocks now, for the positions in
+    /// `within` (beyond the GPU cache's hits, before the last prompt token); a group whose
+    /// bytes are not in the store fails (its tokens are recomputed, as after a lost source).
+    pub(super) fn start_load(
+        &mut self,
+        seq: &mut Seq,
+        within: std::ops::Range<u32>,
+        ctx: &mut dyn Context<Msg>,
+    ) {
         let Some(load) = seq.load.as_mut() else {
             return;
         };
         load.pending = load.groups.len() as u32;
         load.started = Some(ctx.now());
+        let tt = self.store.as_ref().map_or(0, |st| st.tensor_tokens);
         for g in &load.groups {
             let medium = match g.location {
                 Location::Host => Medium::Memory,
                 Location::Ssd => Medium::Ssd,
             };
+            let mut failed = false;
+            if self.real {
+                let items: Vec<LoadItem> = g
+                    .indices
+                    .iter()
+                    .map(|&k| LoadItem {
+                        node: g.node,
+                        ssd: g.location == Location::Ssd,
+                        id: seq.chain[k as usize],
+                        start: k * tt,
+                    })
+                    .collect();
+                if let Err(e) = self.backend.load(&seq.blocks, &items, tt, within.clone()) {
+                    tracing::debug!(instance = self.index, req = seq.req.0, "load failed: {e}");
+                    failed = true;
+                }
+            }
+            if failed {
+                ctx.start(
+                    Work::Fetch {
+                        from: Place::Host { node: g.node },
+                        medium,
+                        bytes: g.bytes,
+                        segments: g.segments,
+                    },
+                    Msg::LoadFailed(seq.req),
+                );
+                continue;
+            }
             ctx.start_fetch(
                 Work::Fetch {
                     from: Place::Host { node: g.node },
@@ -184,16 +222,42 @@ impl Instance {
         }
         load.arrived = Some(ctx.now());
         if !seq.replicate.is_empty() {
-            let ids = std::mem::take(&mut seq.replicate);
-            let bytes = ids.len() as u64 * st.tensor_bytes;
-            ctx.send(
-                st.servers[st.node as usize],
-                Msg::StoreWrite {
-                    chain: Box::new(ids),
-                    replica: true,
-                },
-                bytes,
-            );
+            let mut ids = std::mem::take(&mut seq.replicate);
+            let mut data = None;
+            if self.real {
+                // The K/V of what it loaded, from its blocks: only tensors that lie wholly
+                // within the tokens it holds (not the one with the last prompt token).
+                let held = seq.computed.max(seq.load_end.min(seq.prompt_len - 1));
+                let held = held - held % st.tensor_tokens;
+                let at = |id: &u64| seq.chain.iter().position(|c| c == id);
+                ids.retain(|id| at(id).is_some_and(|k| (k as u32 + 1) * st.tensor_tokens <= held));
+                let tensors: Vec<(u64, u32)> = ids
+                    .iter()
+                    .filter_map(|id| at(id).map(|k| (*id, k as u32 * st.tensor_tokens)))
+                    .collect();
+                match self.backend.export(&seq.blocks, &tensors, st.tensor_tokens) {
+                    Ok(d) => data = Some(Box::new(d)),
+                    Err(e) => {
+                        self.violations.push(format!(
+                            "instance {}: request {}: replica write: {e}",
+                            self.index, req.0
+                        ));
+                        ids.clear();
+                    }
+                }
+            }
+            if !ids.is_empty() {
+                let bytes = ids.len() as u64 * st.tensor_bytes;
+                ctx.send(
+                    st.servers[st.node as usize],
+                    Msg::StoreWrite {
+                        chain: Box::new(ids),
+                        replica: true,
+                        data,
+                    },
+                    bytes,
+                );
+            }
         }
         if let Some(i) = parked {
             // Its loaded tokens are in its blocks: it runs from the next iteration on, as

@@ -37,7 +37,11 @@ struct Script {
 struct Recorder(Arc<Mutex<Vec<BatchShape>>>, Nanos);
 
 impl BatchBackend for Recorder {
-    fn iteration(&mut self, batch: &BatchShape) -> Result<Nanos, BackendError> {
+    fn iteration(
+        &mut self,
+        batch: &BatchShape,
+        _members: &mut [crate::backend::Member<'_>],
+    ) -> Result<Nanos, BackendError> {
         self.0.lock().unwrap().push(*batch);
         Ok(self.1)
     }
@@ -350,6 +354,7 @@ fn remote_plan(chunks: u32, ns: u64) -> Box<LoadPlan> {
             tensors: chunks,
             bytes: ns,
             segments: 1,
+            indices: (0..chunks).collect(),
         }],
         replicate: Vec::new(),
     })

@@ -97,6 +97,11 @@ impl PolicyKind {
         }
     }
 
+    /// Whether the policy uses the distributed prefix store.
+    pub fn uses_store(self) -> bool {
+        matches!(self, PolicyKind::EvoStore | PolicyKind::PtStore)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             PolicyKind::Vanilla => "vanilla",

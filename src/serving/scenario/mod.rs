@@ -13,6 +13,7 @@ use std::path::Path;
 
 use crate::hardware::{HardwareSpec, Place};
 use crate::model::ModelConfig;
+use crate::model::batch_profile::BatchFit;
 use crate::model::cost::CostModel;
 use crate::scenario::hardware::hardware;
 use crate::scenario::sweep::sweep_texts;
@@ -39,6 +40,13 @@ pub struct Serving {
     pub kv_overlap_weight: f64,
     pub instance: InstanceConfig,
     pub iteration_overhead: Nanos,
+    /// `serving.profile`: the file, and the fitted iteration model that prices iterations
+    /// instead of the roofline.
+    pub profile: Option<(std::path::PathBuf, BatchFit)>,
+    /// `serving.shared_device`: every instance's iterations run on one device, one at a
+    /// time (the simulation queues them on one device; a live run holds one lock). For live
+    /// runs on a machine whose instances share its processor.
+    pub shared_device: bool,
 }
 
 /// A validated scenario.
@@ -60,6 +68,10 @@ pub struct Scenario {
     pub points: Vec<SweepPoint>,
     /// Faults to inject (`[[fault]]`), in file order.
     pub faults: Vec<Fault>,
+    /// Run on the live host (`mode = "live"` or `meshsim run --live`) instead of simulating.
+    pub live: bool,
+    /// Live runs: the wall-clock limit of one policy's run (`limits.max_wall_s`).
+    pub max_wall: std::time::Duration,
 }
 
 /// One point of a sweep.
@@ -117,6 +129,17 @@ impl Scenario {
         }
     }
 
+    /// How a simulation prices an instance's iterations: the measured profile
+    /// (`serving.profile`) if the scenario has one, else the roofline [`Scenario::cost_model`].
+    pub fn batch_backend(&self) -> crate::backend::SimBatchBackend {
+        match &self.serving.profile {
+            Some((_, fit)) => {
+                crate::backend::SimBatchBackend::profiled(*fit, self.serving.iteration_overhead)
+            }
+            None => crate::backend::SimBatchBackend::new(self.cost_model()),
+        }
+    }
+
     pub fn cost_model(&self) -> CostModel {
         CostModel::new(
             self.model.clone(),
@@ -126,6 +149,59 @@ impl Scenario {
             self.serving.iteration_overhead,
         )
     }
+}
+
+/// `serving.profile`: a profile file with a `[serving]` table for this model, in f32, with
+/// this block size.
+fn serving_profile(
+    c: &Check,
+    file: &str,
+    path: &str,
+    model: &ModelConfig,
+    serving: &Serving,
+) -> Result<(std::path::PathBuf, BatchFit), ScenarioError> {
+    let key = "serving.profile";
+    let base = Path::new(file).parent().unwrap_or(Path::new(""));
+    let full = base.join(path);
+    let p = crate::model::profile::Profile::load(&full).map_err(|e| c.err(key, e.to_string()))?;
+    let Some(b) = &p.serving else {
+        return Err(c.err(
+            key,
+            format!(
+                "{} has no [serving] table: make it with `meshsim profile --serving`",
+                full.display()
+            ),
+        ));
+    };
+    if p.model != model.name {
+        return Err(c.err(
+            key,
+            format!(
+                "{} profiles {}, not {}",
+                full.display(),
+                p.model,
+                model.name
+            ),
+        ));
+    }
+    if model.bytes_per_element != 4 || p.dtype != "f32" {
+        return Err(c.err(
+            key,
+            "a profile of the candle backend (f32) prices only an f32 model: set model.dtype = \"f32\"",
+        ));
+    }
+    if b.block_size != serving.instance.block_size {
+        return Err(c.err(
+            key,
+            format!(
+                "{} was measured with blocks of {} tokens, not serving.block_size_tokens = {}",
+                full.display(),
+                b.block_size,
+                serving.instance.block_size
+            ),
+        ));
+    }
+    Ok((full, b.fit()))
 }
 
 /// KV memory of one instance: what its GPUs hold beyond the weights and the reserve.
@@ -152,7 +228,10 @@ fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenar
 
     let model = model(&c, &r.model)?;
 
-    let serving = serving(&c, &r.serving, &hardware, &model)?;
+    let mut serving = serving(&c, &r.serving, &hardware, &model)?;
+    if let Some(p) = &r.serving.profile {
+        serving.profile = Some(serving_profile(&c, file, p, &model, &serving)?);
+    }
 
     let workload = workload(&c, file, &r.workload)?;
     if let WorkloadSpec::Generated(w) = &workload
@@ -226,6 +305,20 @@ fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenar
         limits,
         points: Vec::new(),
         faults,
+        live: r.mode == RawMode::Live,
+        max_wall: std::time::Duration::from_secs_f64({
+            let w = c.positive("limits.max_wall_s", r.limits.max_wall_s)?;
+            if w > crate::serving::live::MAX_WALL_S {
+                return Err(c.err(
+                    "limits.max_wall_s",
+                    format!(
+                        "{w} s is more than a week ({} s): a unit mistake?",
+                        crate::serving::live::MAX_WALL_S
+                    ),
+                ));
+            }
+            w
+        }),
     })
 }
 
@@ -251,8 +344,21 @@ fn sweep_points(
 
 /// The `[model]` table: a preset of the model catalogue.
 fn model(c: &Check, m: &RawModel) -> Result<ModelConfig, ScenarioError> {
+    let bytes = match m.dtype.as_deref() {
+        None | Some("bf16") | Some("f16") => 2,
+        Some("f32") => 4,
+        Some(other) => {
+            return Err(c.err(
+                "model.dtype",
+                format!("unknown element type {other:?}; expected \"bf16\", \"f16\" or \"f32\""),
+            ));
+        }
+    };
     match crate::model::preset(&m.preset) {
-        Some(p) => Ok(p.model.clone()),
+        Some(p) => Ok(ModelConfig {
+            bytes_per_element: bytes,
+            ..p.model.clone()
+        }),
         None => Err(c.err(
             "model.preset",
             format!(
@@ -358,6 +464,8 @@ fn serving(
             )?,
         },
         iteration_overhead: Nanos::from_secs_f64(s.iteration_overhead_us / 1e6),
+        profile: None,
+        shared_device: s.shared_device,
     })
 }
 

@@ -18,6 +18,8 @@ fn default_seed() -> u64 {
 #[serde(deny_unknown_fields)]
 pub struct Raw {
     pub name: Option<String>,
+    #[serde(default)]
+    pub mode: RawMode,
     #[serde(default = "default_seed")]
     pub seed: u64,
     pub policies: Vec<PolicyKind>,
@@ -114,6 +116,18 @@ impl Default for RawPtStore {
 pub struct RawModel {
     /// A name of the model catalogue ([`crate::model::preset`]).
     pub preset: String,
+    /// The element type of weights and KV: `"bf16"` (the default, as served), `"f16"` or
+    /// `"f32"` (what the candle backend of live runs computes in).
+    pub dtype: Option<String>,
+}
+
+/// `mode`: simulate the scenario, or run it on the live host.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RawMode {
+    #[default]
+    Sim,
+    Live,
 }
 
 #[derive(Debug, Deserialize)]
@@ -129,6 +143,11 @@ pub struct RawServing {
     pub max_waiting_requests: u32,
     /// `kv-aware` routing's weight of the blocks to prefill against the load.
     pub kv_overlap_weight: f64,
+    /// A measured profile of the serving batch backend (`meshsim profile --serving`), relative
+    /// to the scenario file: iterations are priced by it instead of the roofline.
+    pub profile: Option<String>,
+    /// Every instance computes on one device, one iteration at a time (a live run's CPU).
+    pub shared_device: bool,
 }
 
 impl Default for RawServing {
@@ -145,6 +164,8 @@ impl Default for RawServing {
             iteration_overhead_us: 1000.0,
             max_waiting_requests: 100_000,
             kv_overlap_weight: 1.0,
+            profile: None,
+            shared_device: false,
         }
     }
 }
@@ -249,6 +270,8 @@ pub struct RawLimits {
     pub max_events: u64,
     pub max_sim_time_s: f64,
     pub max_pending_events: u64,
+    /// Live runs: the wall-clock limit of one policy's run.
+    pub max_wall_s: f64,
 }
 
 impl Default for RawLimits {
@@ -258,6 +281,7 @@ impl Default for RawLimits {
             max_events: l.max_events,
             max_sim_time_s: l.max_time.as_secs_f64(),
             max_pending_events: l.max_pending as u64,
+            max_wall_s: 3600.0,
         }
     }
 }

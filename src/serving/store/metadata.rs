@@ -7,11 +7,18 @@
 //! the instance and node 0, the queueing, and `service`. State changes when a request is
 //! taken; the reply leaves when its service time ends ([`Then::Send`]). A demotion notice to a
 //! store server leaves at once.
+//!
+//! When the servers hold real bytes (the live host, [`Metadata::with_bytes`]), the service
+//! also tells every server whose holdings a request changed what changed ([`Msg::Apply`],
+//! leaving at once, in the order the directory made the changes; see
+//! [`super::memory`]). Under the simulator no such message exists, so simulated results do
+//! not depend on it.
 
-use super::directory::Directory;
+use super::directory::{Directory, TensorId};
 use crate::actor::{Actor, ActorId, Context, Then, Work, unexpected};
 use crate::metrics::{Report, StoreReport};
 use crate::serving::Msg;
+use crate::serving::msg::Applied;
 use crate::units::Nanos;
 
 pub struct Metadata {
@@ -24,6 +31,8 @@ pub struct Metadata {
     /// Store losses learned of ([`Msg::StoreLost`], [`Msg::NodeDown`]), and the nodes down.
     losses: u32,
     down: Vec<u32>,
+    /// The servers hold real bytes: tell them every change.
+    bytes: bool,
 }
 
 impl Metadata {
@@ -36,6 +45,45 @@ impl Metadata {
             violations: Vec::new(),
             losses: 0,
             down: Vec::new(),
+            bytes: false,
+        }
+    }
+
+    /// The servers hold real bytes (the live host): every change of their holdings is sent
+    /// to them.
+    pub fn with_bytes(mut self) -> Metadata {
+        self.dir.track_changes();
+        self.bytes = true;
+        self
+    }
+
+    /// Sends each server its share of the directory's changes since the last call; the
+    /// writer `written` (a node and the tensors its write brought) hears even of none.
+    fn dispatch(&mut self, written: Option<(u32, &[TensorId])>, ctx: &mut dyn Context<Msg>) {
+        if !self.bytes {
+            return;
+        }
+        let changes = self.dir.changes();
+        for (node, &server) in self.servers.iter().enumerate() {
+            let node = node as u32;
+            let mine: Vec<_> = changes
+                .iter()
+                .copied()
+                .filter(|c| c.node() == node)
+                .collect();
+            let written = match written {
+                Some((n, ids)) if n == node => ids.to_vec(),
+                _ => Vec::new(),
+            };
+            if mine.is_empty() && written.is_empty() {
+                continue;
+            }
+            let bytes = 16 + 12 * (mine.len() + written.len()) as u64;
+            let applied = Applied {
+                changes: mine,
+                written,
+            };
+            ctx.send(server, Msg::Apply(Box::new(applied)), bytes);
         }
     }
 }
@@ -65,10 +113,12 @@ impl Actor<Msg> for Metadata {
                 }
                 self.losses += 1;
                 self.dir.lose_node(node);
+                self.dispatch(None, ctx);
             }
             Msg::StoreLost(node) => {
                 self.losses += 1;
                 self.dir.lose_node(node);
+                self.dispatch(None, ctx);
             }
             Msg::Insert {
                 chain,
@@ -80,8 +130,12 @@ impl Actor<Msg> for Metadata {
                 if replica {
                     self.report.replication_bytes += chain.len() as u64 * tensor_bytes;
                     self.dir.add_replicas(node, &chain);
+                    self.dispatch(Some((node, &chain)), ctx);
                 } else {
                     let out = self.dir.insert(&chain, node);
+                    // The changes first: the demoted bytes must have moved before the SSD
+                    // write that the demotion notice starts.
+                    self.dispatch(Some((node, &chain)), ctx);
                     if out.demoted > 0 {
                         let bytes = out.demoted as u64 * tensor_bytes;
                         self.report.demoted_bytes += bytes;

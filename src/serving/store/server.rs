@@ -6,6 +6,15 @@
 //! land in host memory and are registered with the metadata service; demotions decided by the
 //! metadata service are written to SSD in the background (they occupy the SSD write channel).
 
+//!
+//! Under the live host the server also holds the real bytes of what the directory places on
+//! its node ([`super::memory`]): a write's K/V lands in its staging area, and the metadata
+//! service's [`Msg::Apply`] says what to keep, move and free. The protocol is the same; a
+//! simulated server has no memory and ignores the bytes (there are none).
+
+use std::sync::Arc;
+
+use super::memory::ClusterMemory;
 use crate::actor::{Actor, ActorId, Context, Work, unexpected};
 use crate::metrics::Report;
 use crate::serving::Msg;
@@ -13,6 +22,8 @@ use crate::serving::Msg;
 pub struct StoreServer {
     node: u32,
     metadata: ActorId,
+    /// The node's live store memory (live host only).
+    memory: Option<Arc<ClusterMemory>>,
     /// Unexpected messages (errors are values).
     violations: Vec<String>,
     /// Crashed with its node: it drops every message.
@@ -24,9 +35,16 @@ impl StoreServer {
         StoreServer {
             node,
             metadata,
+            memory: None,
             violations: Vec::new(),
             crashed: false,
         }
+    }
+
+    /// Holds real bytes in `memory` (the live host).
+    pub fn with_memory(mut self, memory: Arc<ClusterMemory>) -> StoreServer {
+        self.memory = Some(memory);
+        self
     }
 }
 
@@ -38,9 +56,32 @@ impl Actor<Msg> for StoreServer {
         match msg {
             Msg::Crash => self.crashed = true,
             // A restart loses the tensors, which the metadata service keeps track of; the
-            // server itself holds no state.
-            Msg::StoreLost(_) | Msg::WorkDone => {}
-            Msg::StoreWrite { chain, replica } => {
+            // server itself holds no state but their bytes.
+            Msg::StoreLost(_) => {
+                if let Some(m) = &self.memory {
+                    m.lose(self.node);
+                }
+            }
+            Msg::WorkDone => {}
+            Msg::Apply(a) => match &self.memory {
+                Some(m) => m.apply(self.node, &a.changes, &a.written),
+                None => {
+                    let me = format!("store server {}", self.node);
+                    unexpected(
+                        &mut self.violations,
+                        &me,
+                        &"changes to apply without memory",
+                    )
+                }
+            },
+            Msg::StoreWrite {
+                chain,
+                replica,
+                data,
+            } => {
+                if let (Some(m), Some(data)) = (&self.memory, data) {
+                    m.land(self.node, *data);
+                }
                 let bytes = 8 * chain.len() as u64;
                 let node = self.node;
                 ctx.send(

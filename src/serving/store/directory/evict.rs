@@ -82,6 +82,7 @@ impl Directory {
             r.kids -= 1;
             self.refresh_replica(node, p);
         }
+        self.change(Change::ReplicaGone { node, id });
     }
 
     /// Shows owned tensor `id` to victim scans of its tier's queue if it is a leaf there, and
@@ -139,6 +140,7 @@ impl Directory {
         let bytes = self.params.tensor_bytes;
         let index = self.tensors[&id].index;
         self.record(StoreEvent::Demoted { node, index });
+        self.change(Change::Demoted { node, id });
         self.stats.demoted += 1;
         self.servers[node as usize].owned_host_bytes -= bytes;
         // The tensor is now between tiers: mark it on SSD so a cascade can find it.
@@ -219,6 +221,7 @@ impl Directory {
                 self.region_tail.remove(&t.region);
             }
             self.stats.dropped += 1;
+            self.change(Change::Dropped { node: t.owner, id });
             self.record(StoreEvent::Dropped {
                 node: t.owner,
                 index: t.index,
@@ -292,6 +295,7 @@ impl Directory {
             let s = &mut self.servers[node as usize];
             s.remote_reads.remove(&id);
             self.stats.replicated += 1;
+            self.change(Change::Replicated { node, id });
             self.record(StoreEvent::Replicated { node, index });
         }
         wanted.len() as u32

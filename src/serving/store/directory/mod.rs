@@ -210,6 +210,38 @@ pub struct LoadGroup {
     pub tensors: u32,
     pub bytes: u64,
     pub segments: u32,
+    /// Where in the query chain its tensors are: the indices of its tensors (in chain order),
+    /// so that a reader that moves real bytes knows which tensor lands at which positions.
+    pub indices: Vec<u32>,
+}
+
+/// A change of what a server holds, in the order the directory made it: what a store that
+/// holds real bytes applies to its memory (see [`Directory::changes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// `node` now owns `id` in host memory (its bytes are the ones its server just received).
+    Stored { node: u32, id: TensorId },
+    /// `node` moved owned `id` from host memory to SSD.
+    Demoted { node: u32, id: TensorId },
+    /// `node` no longer owns `id` (in host memory or on SSD).
+    Dropped { node: u32, id: TensorId },
+    /// `node` now holds a replica of `id` in its replica cache.
+    Replicated { node: u32, id: TensorId },
+    /// `node` no longer holds a replica of `id`.
+    ReplicaGone { node: u32, id: TensorId },
+}
+
+impl Change {
+    /// The node whose server the change concerns.
+    pub fn node(&self) -> u32 {
+        match *self {
+            Change::Stored { node, .. }
+            | Change::Demoted { node, .. }
+            | Change::Dropped { node, .. }
+            | Change::Replicated { node, .. }
+            | Change::ReplicaGone { node, .. } => node,
+        }
+    }
 }
 
 /// The answer to a lookup.
@@ -249,6 +281,8 @@ pub struct Directory {
     pub stats: StoreStats,
     /// Recorded decisions, when recording is on.
     pub events: Option<Vec<StoreEvent>>,
+    /// Changes of what each server holds, when tracking is on (see [`Directory::changes`]).
+    changes: Option<Vec<Change>>,
 }
 
 impl Directory {
@@ -286,6 +320,7 @@ impl Directory {
             now_ns: 0,
             stats: StoreStats::default(),
             events: None,
+            changes: None,
         }
     }
 
@@ -323,6 +358,28 @@ impl Directory {
         if let Some(events) = &mut self.events {
             events.push(e);
         }
+    }
+
+    fn change(&mut self, c: Change) {
+        if let Some(changes) = &mut self.changes {
+            changes.push(c);
+        }
+    }
+
+    /// Starts tracking every change of what the servers hold ([`Change`]): a store whose
+    /// servers hold real bytes (the live host) applies them to its memory. Off by default: a
+    /// simulated store holds no bytes.
+    pub fn track_changes(&mut self) {
+        self.changes.get_or_insert_with(Vec::new);
+    }
+
+    /// The changes since the last call, in the order they were made (empty when not
+    /// tracking).
+    pub fn changes(&mut self) -> Vec<Change> {
+        self.changes
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     fn next_tick(&mut self) -> u64 {
@@ -381,7 +438,7 @@ impl Directory {
         let mut last: Option<(u32, Location, u64)> = None;
         let mut replicate_now = false;
         let mut remote = Vec::new();
-        for &id in &chain[skip..k] {
+        for (i, &id) in chain.iter().enumerate().take(k).skip(skip) {
             let t = &self.tensors[&id];
             let (node, loc, region) =
                 if let Some(r) = self.servers[reader as usize].replicas.get(&id) {
@@ -411,11 +468,13 @@ impl Directory {
                         tensors: 0,
                         bytes: 0,
                         segments: 0,
+                        indices: Vec::new(),
                     });
                     plan.groups.last_mut().expect("just pushed")
                 }
             };
             group.tensors += 1;
+            group.indices.push(i as u32);
             group.bytes += bytes;
             group.segments += new_segment as u32;
             if node != reader {
@@ -531,6 +590,7 @@ impl Directory {
             server.host_q.insert(id, 1, value, tick);
             out.new_tensors += 1;
             self.stats.stored += 1;
+            self.change(Change::Stored { node: owner, id });
             self.record(StoreEvent::Stored {
                 node: owner,
                 index: i as u32,

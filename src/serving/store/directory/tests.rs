@@ -76,6 +76,7 @@ fn a_lookup_plans_one_group_per_source_and_counts_segments() {
                 tensors: 4,
                 bytes: 400,
                 segments: 1,
+                indices: vec![1, 2, 3, 4],
             },
             LoadGroup {
                 node: 1,
@@ -84,6 +85,7 @@ fn a_lookup_plans_one_group_per_source_and_counts_segments() {
                 tensors: 1,
                 bytes: 100,
                 segments: 1,
+                indices: vec![5],
             },
         ]
     );
@@ -391,4 +393,73 @@ fn without_leases_a_planned_load_can_be_evicted_under_it() {
     let out = d.insert(&chain(&[7]), 0);
     assert_eq!(out.new_tensors, 1);
     assert!(!d.contains(ab[1]));
+}
+
+/// What each node holds by the directory's own records: owned in host memory, owned on SSD,
+/// replicas.
+fn holdings(d: &Directory) -> Vec<[std::collections::BTreeSet<TensorId>; 3]> {
+    let mut out = vec![<[std::collections::BTreeSet<TensorId>; 3]>::default(); d.servers.len()];
+    for (&id, t) in &d.tensors {
+        let tier = match t.loc {
+            Location::Host => 0,
+            Location::Ssd => 1,
+        };
+        out[t.owner as usize][tier].insert(id);
+    }
+    for (n, s) in d.servers.iter().enumerate() {
+        out[n][2].extend(s.replicas.keys().copied());
+    }
+    out
+}
+
+#[test]
+fn replaying_the_changes_gives_exactly_what_every_node_holds() {
+    // A live store mirrors the directory by its changes alone (`store::memory`): inserts
+    // that demote and drop across nodes, replicas added and evicted, and a lost node.
+    let mut d = Directory::new(params(3, 6, 3, 5));
+    d.track_changes();
+    let mut mirror = vec![<[std::collections::BTreeSet<TensorId>; 3]>::default(); 3];
+    let mut rng = crate::rng::Stream::new(11, 0);
+    for step in 0..400u32 {
+        let node = rng.below(3) as u32;
+        let len = 1 + rng.below(8) as usize;
+        let stem = rng.below(5) as u32;
+        let symbols: Vec<u32> = (0..len as u32)
+            .map(|k| stem * 100 + k % (3 + stem))
+            .collect();
+        let c = chain(&symbols);
+        match step % 7 {
+            0..=3 => {
+                d.insert(&c, node);
+            }
+            4 | 5 => {
+                d.lookup(&c, 0, node);
+                let stored = d.stored_prefix(&c);
+                d.add_replicas(node, &c[..stored]);
+            }
+            _ if step % 50 == 6 => {
+                d.lose_node(node);
+            }
+            _ => {
+                d.lookup(&c, 0, node);
+            }
+        }
+        for ch in d.changes() {
+            let m = &mut mirror[ch.node() as usize];
+            match ch {
+                Change::Stored { id, .. } => assert!(m[0].insert(id), "stored twice: {ch:?}"),
+                Change::Demoted { id, .. } => {
+                    assert!(m[0].remove(&id), "demoted from nowhere: {ch:?}");
+                    m[1].insert(id);
+                }
+                Change::Dropped { id, .. } => {
+                    assert!(m[0].remove(&id) | m[1].remove(&id), "dropped: {ch:?}")
+                }
+                Change::Replicated { id, .. } => assert!(m[2].insert(id), "{ch:?}"),
+                Change::ReplicaGone { id, .. } => assert!(m[2].remove(&id), "{ch:?}"),
+            }
+        }
+        assert_eq!(mirror, holdings(&d), "after step {step}");
+    }
+    assert!(d.stats.demoted > 0 && d.stats.dropped > 0 && d.stats.replicas_evicted > 0);
 }

@@ -1,0 +1,366 @@
+//! Live serving: a serving scenario's actors (router, instances, metadata service, store
+//! servers) on the live host ([`crate::live::host`]), with real tensors.
+//!
+//! The actors are exactly the simulation's ([`super::run::actors`]); what changes is what
+//! hosts them and what their backends do:
+//!
+//! * every instance gets a [`PagedCandleBackend`]: the scenario's model (f32, weights seeded
+//!   from the scenario's seed, the same for every instance) with a paged K/V cache of the
+//!   instance's `num_blocks` blocks, so continuous batching, chunked prefill, preemption and
+//!   local prefix reuse run on real K/V;
+//! * under store policies, the store servers hold the real K/V of what the metadata service
+//!   places on their node ([`crate::serving::store::memory`]), and a load copies it from the
+//!   owner's memory into the reader's blocks;
+//! * time is the wall clock: requests arrive on tokio timers at the trace's times, and
+//!   TTFT, TPOT and throughput are measured, not modelled. The "nodes" and "GPUs" of the
+//!   scenario are actor places on this machine: every instance computes on the machine's
+//!   CPU cores (or its CUDA device), so instances that compute at once share them.
+//!
+//! **Reuse never changes the output.** Every completed request's greedy tokens and first-token
+//! logits are kept; [`check_outputs`] compares each policy with `vanilla` (full recompute),
+//! request by request: the tokens must be equal and the logits agree within
+//! [`LOGIT_TOLERANCE`]. A live run of a scenario that lists `vanilla` fails when they do not.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::DType;
+
+use super::policy::PolicyKind;
+use super::run::{PolicyRun, actors};
+use super::scenario::Scenario;
+use super::store::memory::ClusterMemory;
+use crate::backend::{BatchBackend, PagedCandleBackend, Timing};
+use crate::exec::weights::{self, WeightSource};
+use crate::exec::{ShardModel, TransformerConfig, default_device, model::max_abs_diff};
+use crate::hardware::network::LinkBytes;
+use crate::live::LiveError;
+use crate::metrics::Summary;
+use crate::results::RunError;
+use crate::scenario::{Check, ScenarioError};
+use crate::workload::Trace;
+use crate::workload::TraceError;
+
+/// Longest wall-clock limit of one live policy run (a week), in seconds.
+pub const MAX_WALL_S: f64 = 7.0 * 86400.0;
+/// Most memory a live run may hold: the weights (once: instances share them), every
+/// instance's K/V capacity and every store's host and SSD capacity, in f32 (16 GiB).
+pub const MAX_LIVE_BYTES: u64 = 16 << 30;
+/// Largest difference allowed between a policy's first-token logits and vanilla's. Reuse
+/// computes the same numbers in another order (a prefix's K/V computed in other chunks), so
+/// they may differ in the last bits of f32; a wrong K/V differs by far more.
+pub const LOGIT_TOLERANCE: f32 = 1e-3;
+
+/// The candle configuration of the scenario's model.
+pub fn transformer(s: &Scenario) -> Result<TransformerConfig, LiveError> {
+    let p = crate::model::preset(s.model.name)
+        .ok_or_else(|| LiveError::Config(format!("no preset {}", s.model.name)))?;
+    Ok(TransformerConfig::from_model(
+        &s.model,
+        p.rope_theta,
+        p.rms_eps,
+    ))
+}
+
+/// The bytes a live run of `s` holds: weights, K/V capacity of every instance, stores.
+pub fn live_bytes(s: &Scenario) -> u64 {
+    let m = &s.model;
+    let f32_model = crate::model::ModelConfig {
+        bytes_per_element: 4,
+        ..m.clone()
+    };
+    let cfg = &s.serving.instance;
+    let kv = s.instances() as u64
+        * cfg.num_blocks as u64
+        * cfg.block_size as u64
+        * f32_model.kv_bytes_per_token();
+    let stores = if s.policies.iter().any(|p| p.uses_store()) {
+        s.hardware.nodes as u64 * (s.store.host_capacity_bytes + s.store.ssd_capacity_bytes)
+    } else {
+        0
+    };
+    f32_model
+        .weight_bytes()
+        .saturating_add(kv)
+        .saturating_add(stores)
+}
+
+/// Refuses, naming the key, what a live run of `s` cannot do (checked before any work).
+pub fn check_live(s: &Scenario, file: &str) -> Result<(), ScenarioError> {
+    let c = Check { file };
+    if s.model.bytes_per_element != 4 {
+        return Err(c.err(
+            "model.dtype",
+            "the candle backend of live runs computes in f32: set model.dtype = \"f32\"",
+        ));
+    }
+    if !s.faults.is_empty() {
+        return Err(c.err("fault", "faults are injected in simulations only"));
+    }
+    let bytes = live_bytes(s);
+    if bytes > MAX_LIVE_BYTES {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        return Err(c.err(
+            "hardware.gpu.memory_gib",
+            format!(
+                "a live run would hold {:.1} GiB (f32 weights, the K/V capacity of {} instances \
+                 and the stores' host and SSD capacity); live runs hold at most {:.0} GiB: give \
+                 the GPUs less memory, or the stores less capacity",
+                gib(bytes),
+                s.instances(),
+                gib(MAX_LIVE_BYTES)
+            ),
+        ));
+    }
+    for p in &s.points {
+        check_live(&p.scenario, file)?;
+    }
+    Ok(())
+}
+
+/// Runs one policy of `s` on the live host.
+pub async fn live(
+    s: &Scenario,
+    trace: Arc<Trace>,
+    policy: PolicyKind,
+) -> Result<PolicyRun, LiveError> {
+    live_with(s, trace, policy, None).await
+}
+
+/// [`live`], with every store read returning wrong K/V (each value plus `corrupt`) when
+/// given: a fault to show that [`check_outputs`] catches a wrong load.
+pub async fn live_with(
+    s: &Scenario,
+    trace: Arc<Trace>,
+    policy: PolicyKind,
+    corrupt: Option<f32>,
+) -> Result<PolicyRun, LiveError> {
+    let started = Instant::now();
+    let cfg = transformer(s)?;
+    let device = default_device();
+    let config = |e: &dyn std::fmt::Display| LiveError::Config(e.to_string());
+    let vb = weights::var_builder(
+        &cfg,
+        0..cfg.layers,
+        &WeightSource::Seeded(s.seed),
+        DType::F32,
+        &device,
+    )
+    .map_err(|e| config(&e))?;
+    let model = ShardModel::new(&cfg, 0..cfg.layers, vb).map_err(|e| config(&e))?;
+    let memory = policy
+        .uses_store()
+        .then(|| Arc::new(ClusterMemory::new(s.hardware.nodes)));
+    if let (Some(m), Some(delta)) = (&memory, corrupt) {
+        m.corrupt_reads(delta);
+    }
+    let inst = s.serving.instance;
+    let mut backends = Vec::with_capacity(s.instances() as usize);
+    let device = Arc::new(crate::backend::DeviceLock::default());
+    let timing = Arc::new(std::sync::Mutex::new(Timing::default()));
+    for _ in 0..s.instances() {
+        let mut b = PagedCandleBackend::new(
+            model.clone(),
+            trace.clone(),
+            inst.block_size,
+            inst.num_blocks,
+            memory
+                .clone()
+                .map(|m| m as Arc<dyn crate::backend::KvSource>),
+        )
+        .map_err(|e| config(&e))?;
+        if s.serving.shared_device {
+            b = b.with_device_lock(device.clone());
+        }
+        b = b.with_timing(timing.clone());
+        backends.push(Some(b));
+    }
+    let (list, _) = actors(
+        s,
+        trace,
+        policy,
+        &mut |i| {
+            let b = backends[i as usize]
+                .take()
+                .expect("one backend per instance");
+            Box::new(b) as Box<dyn BatchBackend>
+        },
+        memory.clone(),
+    );
+    let list = list.into_iter().map(|(a, _)| a).collect();
+    let out = crate::live::host::run(list, s.seed, s.max_wall).await?;
+    let summary = Summary::new(policy.name(), &out.report, out.messages);
+    let t = *timing.lock().unwrap_or_else(|e| e.into_inner());
+    let priced = s.serving.profile.as_ref().map(|(_, fit)| {
+        let ns: f64 = fit.coef.iter().zip(t.terms).map(|(c, x)| c * x).sum();
+        ns / 1e9
+    });
+    tracing::info!(
+        policy = policy.name(),
+        iterations = t.iterations,
+        compute_s = t.compute.as_secs_f64(),
+        profile_prices_s = priced,
+        waiting_for_device_s = t.waiting.as_secs_f64(),
+        kv_copies_s = t.copies.as_secs_f64(),
+        "live iterations"
+    );
+    if let Some(m) = &memory {
+        for node in 0..m.nodes() {
+            let st = m.stats(node);
+            tracing::info!(
+                policy = policy.name(),
+                node,
+                peak_host_bytes = st.peak_host_bytes,
+                ssd_bytes = st.ssd_bytes,
+                reads = st.reads,
+                missed_reads = st.missed_reads,
+                holes = st.holes,
+                "live store memory"
+            );
+        }
+    }
+    Ok(PolicyRun {
+        policy,
+        report: out.report,
+        summary,
+        link_bytes: LinkBytes::default(),
+        wall: started.elapsed().max(out.wall),
+        spooled: None,
+        output_check: None,
+    })
+}
+
+/// Runs every policy at every sweep point of `s` on the live host, one after another, then
+/// checks every policy's outputs against vanilla's ([`check_outputs`]).
+pub async fn live_all(s: &Scenario) -> Result<Vec<PolicyRun>, RunError> {
+    let points: Vec<(Option<&str>, &Scenario)> = if s.points.is_empty() {
+        vec![(None, s)]
+    } else {
+        s.points
+            .iter()
+            .map(|p| (Some(p.label.as_str()), &p.scenario))
+            .collect()
+    };
+    let mut runs = Vec::new();
+    for (label, p) in points {
+        let trace = super::run::trace(p)?;
+        fits_the_model(p, &trace)?;
+        let trace = Arc::new(trace);
+        let mut mine = Vec::new();
+        for &policy in &p.policies {
+            let mut r = live(p, trace.clone(), policy).await?;
+            r.summary.point = label.map(str::to_string);
+            mine.push(r);
+        }
+        let checks = check_outputs(&mine);
+        if let Some(bad) = checks.iter().find(|c| c.problem.is_some()) {
+            return Err(RunError::Live(LiveError::Actor(format!(
+                "{}{}",
+                label.map_or(String::new(), |l| format!("[{l}] ")),
+                bad.problem.as_deref().unwrap_or_default()
+            ))));
+        }
+        for c in &checks {
+            tracing::info!(
+                policy = c.policy,
+                requests = c.requests,
+                max_logit_diff = c.max_logit_diff,
+                "outputs equal vanilla's"
+            );
+        }
+        // The logits served their purpose: do not hold them for the whole run.
+        for r in &mut mine {
+            r.report.first_logits = Vec::new();
+            r.output_check = checks.iter().find(|c| c.policy == r.policy.name()).cloned();
+        }
+        runs.extend(mine);
+    }
+    Ok(runs)
+}
+
+type ByRequest<'a> = (BTreeMap<u32, &'a Vec<u32>>, BTreeMap<u32, &'a Vec<f32>>);
+
+/// A run's tokens and first-token logits by request.
+fn by_req(r: &PolicyRun) -> ByRequest<'_> {
+    let tokens = r.report.outputs.iter().map(|(q, t)| (*q, t)).collect();
+    let logits = r.report.first_logits.iter().map(|(q, l)| (*q, l)).collect();
+    (tokens, logits)
+}
+
+/// Refuses a trace with a request whose prompt and output outgrow the model's context: a
+/// live model computes every position it is given.
+fn fits_the_model(s: &Scenario, trace: &Trace) -> Result<(), TraceError> {
+    let most = s.model.max_context;
+    if let Some((i, r)) = trace
+        .requests
+        .iter()
+        .enumerate()
+        .find(|(_, r)| u64::from(r.prompt_tokens) + u64::from(r.output_tokens) > most)
+    {
+        return Err(TraceError::whole(
+            std::path::Path::new(&s.name),
+            "workload",
+            format!(
+                "request {i} has {} prompt and {} output tokens, more than the {most} positions \
+                 of {} (a live run computes them all)",
+                r.prompt_tokens, r.output_tokens, s.model.name
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// How one policy's outputs compare with vanilla's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OutputCheck {
+    pub policy: &'static str,
+    /// Requests completed under both.
+    pub requests: usize,
+    /// Largest difference of first-token logits over those requests.
+    pub max_logit_diff: f32,
+    /// The first request whose tokens differ, or whose logits differ beyond the tolerance.
+    pub problem: Option<String>,
+}
+
+/// Compares every policy of `runs` (one sweep point) with its `vanilla` run, request by
+/// request: equal greedy tokens, first-token logits within [`LOGIT_TOLERANCE`]. Empty when
+/// no run is vanilla.
+pub fn check_outputs(runs: &[PolicyRun]) -> Vec<OutputCheck> {
+    let Some(base) = runs.iter().find(|r| r.policy == PolicyKind::Vanilla) else {
+        return Vec::new();
+    };
+    let (base_tokens, base_logits) = by_req(base);
+    let mut checks = Vec::new();
+    for r in runs.iter().filter(|r| r.policy != PolicyKind::Vanilla) {
+        let (tokens, logits) = by_req(r);
+        let mut c = OutputCheck {
+            policy: r.policy.name(),
+            requests: 0,
+            max_logit_diff: 0.0,
+            problem: None,
+        };
+        for (q, t) in &tokens {
+            let Some(b) = base_tokens.get(q) else {
+                continue;
+            };
+            c.requests += 1;
+            let diff = match (logits.get(q), base_logits.get(q)) {
+                (Some(l), Some(bl)) => max_abs_diff(l, bl),
+                _ => f32::INFINITY,
+            };
+            c.max_logit_diff = c.max_logit_diff.max(diff);
+            if c.problem.is_none() && (t != b || diff.is_nan() || diff > LOGIT_TOLERANCE) {
+                c.problem = Some(format!(
+                    "policy {} changed the output of request {q}: tokens {:?} against vanilla's \
+                     {:?}, first-token logits differ by {diff:e} (tolerance {LOGIT_TOLERANCE:e})",
+                    c.policy,
+                    &t[..t.len().min(8)],
+                    &b[..b.len().min(8)],
+                ));
+            }
+        }
+        checks.push(c);
+    }
+    checks
+}

@@ -1,0 +1,163 @@
+//! Live serving: the serving actors on the live host with real K/V (issue "Live serving").
+//! Prefix reuse never changes the output: under every policy each request generates
+//! vanilla's greedy tokens, with first-token logits within the stated tolerance; and a wrong
+//! load (corrupted K/V) is caught by that check.
+
+use std::sync::Arc;
+
+use meshsim::serving::live::{LOGIT_TOLERANCE, check_outputs, live_all, live_with};
+use meshsim::serving::policy::PolicyKind;
+use meshsim::serving::run::trace;
+use meshsim::serving::scenario::Scenario;
+
+/// A small live scenario: 2 nodes x 2 instances, seeded prompts of a few hundred tokens about
+/// a few shared contexts, and stores so small that they demote to SSD and drop.
+fn scenario() -> Scenario {
+    let text = r#"
+name = "live_serving_test"
+seed = 3
+policies = ["vanilla", "local-prefix", "evostore", "ptstore"]
+mode = "live"
+[hardware]
+nodes = 2
+gpus_per_node = 2
+[hardware.gpu]
+name = "cpu"
+memory_gib = 0.25
+memory_bandwidth_gb_per_s = 10.0
+peak_tflops = 0.02
+compute_efficiency = 1.0
+memory_efficiency = 1.0
+[hardware.host]
+memory_gib = 8.0
+memory_bandwidth_gb_per_s = 5.0
+[hardware.ssd]
+drives = 1
+capacity_gb_per_drive = 1.0
+read_bandwidth_gb_per_s_per_drive = 5.0
+write_bandwidth_gb_per_s_per_drive = 5.0
+latency_us = 1.0
+[hardware.pcie]
+bandwidth_gb_per_s = 5.0
+latency_ns = 1000
+[hardware.nvlink]
+bandwidth_gb_per_s = 5.0
+latency_ns = 1000
+[hardware.network]
+nics_per_node = 1
+nic_bandwidth_gbit_per_s = 40.0
+nic_latency_ns = 1000
+switch_latency_ns = 0
+switch_hops = 1
+[model]
+preset = "tiny-32k"
+dtype = "f32"
+[serving]
+block_size_tokens = 16
+max_num_seqs = 8
+max_batched_tokens = 512
+memory_reserve_gib = 0.1
+[workload]
+dataset = "squad"
+requests = 32
+arrival_rate_per_s = 100.0
+context = "window"
+context_tokens = 160
+system_prompt_tokens = 16
+[workload.reuse]
+contexts = 6
+questions_per_context = 6
+[workload.output_tokens]
+distribution = "fixed"
+tokens = 4
+[store]
+tensor_tokens = 32
+host_capacity_gib = 0.001
+ssd_capacity_gb = 0.002
+# No read leases: every node's owned cache (8 tensors; 6 under ptstore) must then demote,
+# since 6 contexts of 5 tensors each outgrow both nodes, and a prefix being extended (5
+# tensors) never fills it. A load may then find a tensor gone: it fails and recomputes.
+read_lease_ms = 0.0
+[store.ptstore]
+replicate_after_reads = 1
+[limits]
+max_wall_s = 300.0
+"#;
+    Scenario::parse("live_serving_test.toml", "live_serving_test", text).unwrap()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn every_policy_generates_vanillas_tokens_on_real_kv() {
+    let s = scenario();
+    let runs = runtime().block_on(live_all(&s)).unwrap();
+    assert_eq!(runs.len(), 4);
+    for r in &runs {
+        assert_eq!(r.report.outputs.len(), 32, "{}", r.policy.name());
+        assert!(r.report.outputs.iter().all(|(_, t)| t.len() == 4));
+        let reused: u64 = r.report.records.iter().map(|q| q.reused_tokens()).sum();
+        if r.policy == PolicyKind::Vanilla {
+            assert_eq!(reused, 0);
+        } else {
+            assert!(reused > 0, "{} reused nothing", r.policy.name());
+        }
+    }
+    // The store policies really loaded K/V, from host memory and from the SSD tier.
+    for r in runs.iter().filter(|r| r.policy.uses_store()) {
+        let st = r.report.store.as_ref().unwrap();
+        assert!(st.lookups > 0 && st.stats.demoted > 0, "{:?}", st);
+        let loaded: u64 = r.report.records.iter().flat_map(|q| q.loaded_bytes).sum();
+        assert!(loaded > 0, "{} loaded nothing", r.policy.name());
+    }
+    // live_all checked the outputs (it fails otherwise) and says how.
+    let checks: Vec<_> = runs.iter().filter_map(|r| r.output_check.clone()).collect();
+    assert_eq!(checks.len(), 3);
+    for c in &checks {
+        assert!(c.problem.is_none(), "{c:?}");
+        assert!(c.max_logit_diff <= LOGIT_TOLERANCE, "{c:?}");
+        assert_eq!(c.requests, 32);
+    }
+}
+
+#[test]
+fn a_wrong_load_is_caught_by_the_output_check() {
+    let s = scenario();
+    let trace = Arc::new(trace(&s).unwrap());
+    let rt = runtime();
+    let vanilla = rt
+        .block_on(live_with(&s, trace.clone(), PolicyKind::Vanilla, None))
+        .unwrap();
+    let good = rt
+        .block_on(live_with(&s, trace.clone(), PolicyKind::EvoStore, None))
+        .unwrap();
+    let bad = rt
+        .block_on(live_with(&s, trace, PolicyKind::EvoStore, Some(0.5)))
+        .unwrap();
+    let ok = check_outputs(&[vanilla, good]);
+    assert!(ok[0].problem.is_none(), "{:?}", ok[0]);
+    let vanilla = rt
+        .block_on(live_with(
+            &s,
+            Arc::new(meshsim::serving::run::trace(&s).unwrap()),
+            PolicyKind::Vanilla,
+            None,
+        ))
+        .unwrap();
+    let caught = check_outputs(&[vanilla, bad]);
+    let problem = caught[0]
+        .problem
+        .as_deref()
+        .expect("a corrupted load changes the output");
+    assert!(
+        problem.contains("evostore changed the output of request"),
+        "{problem}"
+    );
+    assert!(caught[0].max_logit_diff > LOGIT_TOLERANCE);
+}
