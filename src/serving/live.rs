@@ -228,6 +228,7 @@ pub async fn live_with(
         wall: started.elapsed().max(out.wall),
         spooled: None,
         output_check: None,
+        timing: Some(t),
     })
 }
 

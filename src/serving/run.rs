@@ -59,6 +59,8 @@ pub struct PolicyRun {
     pub spooled: Option<PathBuf>,
     /// Live runs: how its outputs compare with vanilla's ([`crate::serving::live`]).
     pub output_check: Option<crate::serving::live::OutputCheck>,
+    /// Live runs: where the time of the instances' iterations went.
+    pub timing: Option<crate::backend::Timing>,
 }
 
 /// Where finished simulations write their `requests.csv` rows, so that a run does not hold
@@ -214,6 +216,7 @@ pub fn simulate_watched(
         wall: started.elapsed(),
         spooled: None,
         output_check: None,
+        timing: None,
     })
 }
 
