@@ -49,6 +49,10 @@ pub enum Work {
         medium: Medium,
         bytes: u64,
         segments: u32,
+        /// The source's memory losses (crashes, store restarts) that the reader's plan had
+        /// heard of: a read of memory lost since then reads tensors that are gone, and fails
+        /// (see [`Context::start_fetch`]).
+        epoch: u32,
     },
     /// Writing `bytes` from this actor's node's host memory to its SSDs (or reading them into
     /// host memory).
@@ -101,9 +105,10 @@ pub trait Context<M> {
     }
     /// Starts a [`Work::Fetch`]: `done` is delivered when it ends, or `failed` when its source
     /// lost that memory before the last byte landed (the source's node crashed, before or
-    /// during the read, or its store restarted during the read): a one-sided read of memory
-    /// that is gone ends with an error, never with the data. A host without memory losses
-    /// delivers `done`.
+    /// during the read, or its store restarted during the read), or had lost it more times
+    /// than the fetch's `epoch` says when the read started (a store restarted since the plan
+    /// was made: what the plan names is gone): a one-sided read of memory that is gone ends
+    /// with an error, never with the data. A host without memory losses delivers `done`.
     fn start_fetch(&mut self, work: Work, done: M, failed: M) {
         let _ = failed;
         self.start(work, done);

@@ -67,6 +67,7 @@ enum After<M> {
         done: M,
         failed: M,
         node: u32,
+        epoch: u32,
         started: Nanos,
     },
     Send(Pending<M>),
@@ -88,6 +89,18 @@ impl MemoryLoss {
     fn fails(&self, node: u32, started: Nanos, end: Nanos) -> bool {
         self.node == node && self.at <= end && (self.crash || self.at > started)
     }
+}
+
+/// Whether a read from `node` that started at `started`, ends at `end` and was planned
+/// knowing of `epoch` losses of `node` fails: its memory is lost before it ends, or was lost
+/// more often than its plan knew when it started (a store restarted since: what it names is
+/// gone).
+fn read_fails(losses: &[MemoryLoss], node: u32, epoch: u32, started: Nanos, end: Nanos) -> bool {
+    let before = losses
+        .iter()
+        .filter(|l| l.node == node && l.at <= started)
+        .count();
+    before > epoch as usize || losses.iter().any(|l| l.fails(node, started, end))
 }
 
 /// A message to send from `from` to `to` with a payload.
@@ -200,9 +213,10 @@ impl<M> Net<'_, M> {
                 done,
                 failed,
                 node,
+                epoch,
                 started,
             } => {
-                let lost = self.losses.iter().any(|l| l.fails(node, started, at));
+                let lost = read_fails(self.losses, node, epoch, started, at);
                 let msg = if lost { failed } else { done };
                 kernel.schedule(at, to, Event::Msg(msg));
             }
@@ -290,16 +304,17 @@ impl<M> Context<M> for SimCtx<'_, M> {
     }
     fn start_fetch(&mut self, work: Work, done: M, failed: M) {
         let node = match &work {
-            Work::Fetch { from, .. } => from.node(),
+            Work::Fetch { from, epoch, .. } => from.node().map(|n| (n, *epoch)),
             _ => None,
         };
         match node {
-            Some(node) => {
+            Some((node, epoch)) => {
                 let after = After::Fetched {
                     to: self.me,
                     done,
                     failed,
                     node,
+                    epoch,
                     started: self.kernel.now(),
                 };
                 self.start_after(work, after);
@@ -340,6 +355,7 @@ impl<M> SimCtx<'_, M> {
                 medium,
                 bytes,
                 segments,
+                ..
             } => {
                 let overhead = self.fetch_overhead.request
                     + Nanos(self.fetch_overhead.segment.0 * segments as u64);
@@ -730,6 +746,7 @@ mod tests {
     struct Reader {
         got: std::sync::Arc<std::sync::Mutex<Vec<(bool, Nanos)>>>,
         start_at: Nanos,
+        epoch: u32,
     }
 
     impl Actor<Option<bool>> for Reader {
@@ -744,6 +761,7 @@ mod tests {
                         medium: Medium::Memory,
                         bytes: 1_000_000,
                         segments: 1,
+                        epoch: self.epoch,
                     };
                     ctx.start_fetch(work, Some(true), Some(false));
                 }
@@ -756,6 +774,11 @@ mod tests {
     /// (delivered `done`, at) of a 1 MB read at 1 GB/s (1 ms) started at `start_at`, with
     /// `loss` applied to node 1.
     fn read(start_at: Nanos, loss: Option<(Nanos, bool)>) -> (bool, Nanos) {
+        read_knowing(start_at, loss, 0)
+    }
+
+    /// [`read`] by a reader whose plan knew of `epoch` losses of node 1.
+    fn read_knowing(start_at: Nanos, loss: Option<(Nanos, bool)>, epoch: u32) -> (bool, Nanos) {
         let link = LinkSpec::ideal(1e9, Nanos::ZERO);
         let mut h: SimHost<Option<bool>> =
             SimHost::new(Network::fabric(2, link), Limits::default(), 1);
@@ -764,6 +787,7 @@ mod tests {
             Box::new(Reader {
                 got: got.clone(),
                 start_at,
+                epoch,
             }),
             Place::Host { node: 0 },
         );
@@ -794,11 +818,18 @@ mod tests {
         );
         // A loss after the read ended changes nothing.
         assert_eq!(read(Nanos::ZERO, Some((ms(5), true))), (true, end));
-        // A read started after a crash fails; after a restart it reads the restarted store.
+        // A read started after a crash fails. After a restart, a read planned before the
+        // restart was known (epoch 0) names tensors that are gone: it fails; one planned
+        // knowing of it (epoch 1) reads the restarted store.
         let later = read(ms(2), None);
         assert!(later.0);
         assert_eq!(read(ms(2), Some((ms(1), true))), (false, later.1));
-        assert_eq!(read(ms(2), Some((ms(1), false))), (true, later.1));
+        assert_eq!(read(ms(2), Some((ms(1), false))), (false, later.1));
+        assert_eq!(
+            read_knowing(ms(2), Some((ms(1), false)), 1),
+            (true, later.1)
+        );
+        assert!(!read_knowing(ms(2), Some((ms(1), true)), 1).0);
         // Another node's loss does not touch it.
         let link = LinkSpec::ideal(1e9, Nanos::ZERO);
         let mut h: SimHost<Option<bool>> =
@@ -808,6 +839,7 @@ mod tests {
             Box::new(Reader {
                 got: got.clone(),
                 start_at: Nanos::ZERO,
+                epoch: 0,
             }),
             Place::Host { node: 0 },
         );

@@ -405,6 +405,7 @@ impl Oracle {
                 bytes: members.len() as u64 * self.p.tensor_bytes,
                 segments,
                 indices: members.iter().map(|&m| (skip + m) as u32).collect(),
+                epoch: 0,
             });
         }
         let remote: Vec<TensorId> = (skip..k)

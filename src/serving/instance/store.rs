@@ -89,6 +89,7 @@ impl Instance {
                         medium,
                         bytes: g.bytes,
                         segments: g.segments,
+                        epoch: g.epoch,
                     },
                     Msg::LoadFailed(seq.req),
                 );
@@ -100,6 +101,7 @@ impl Instance {
                     medium,
                     bytes: g.bytes,
                     segments: g.segments,
+                    epoch: g.epoch,
                 },
                 Msg::Loaded(seq.req),
                 Msg::LoadFailed(seq.req),

@@ -355,6 +355,7 @@ fn remote_plan(chunks: u32, ns: u64) -> Box<LoadPlan> {
             bytes: ns,
             segments: 1,
             indices: (0..chunks).collect(),
+            epoch: 0,
         }],
         replicate: Vec::new(),
     })

@@ -33,10 +33,13 @@ pub struct Metadata {
     down: Vec<u32>,
     /// The servers hold real bytes: tell them every change.
     bytes: bool,
+    /// Losses learned of, by node: the epoch of each node's store in the plans it makes.
+    node_losses: Vec<u32>,
 }
 
 impl Metadata {
     pub fn new(dir: Directory, service: Nanos, servers: Vec<ActorId>) -> Metadata {
+        let nodes = servers.len();
         Metadata {
             dir,
             service,
@@ -46,6 +49,7 @@ impl Metadata {
             losses: 0,
             down: Vec::new(),
             bytes: false,
+            node_losses: vec![0; nodes],
         }
     }
 
@@ -55,6 +59,13 @@ impl Metadata {
         self.dir.track_changes();
         self.bytes = true;
         self
+    }
+
+    /// Counts a loss of `node`'s store (the epoch of its later plans).
+    fn lost(&mut self, node: u32) {
+        if let Some(n) = self.node_losses.get_mut(node as usize) {
+            *n += 1;
+        }
     }
 
     /// Sends each server its share of the directory's changes since the last call; the
@@ -94,7 +105,10 @@ impl Actor<Msg> for Metadata {
         match msg {
             Msg::Lookup(l) => {
                 self.report.lookups += 1;
-                let plan = self.dir.lookup(&l.chain, l.skip as usize, l.node);
+                let mut plan = self.dir.lookup(&l.chain, l.skip as usize, l.node);
+                for g in &mut plan.groups {
+                    g.epoch = self.node_losses.get(g.node as usize).copied().unwrap_or(0);
+                }
                 let bytes = 16 + 32 * plan.groups.len() as u64 + 8 * plan.replicate.len() as u64;
                 ctx.start_then(
                     Work::Compute(self.service),
@@ -112,11 +126,13 @@ impl Actor<Msg> for Metadata {
                     self.down.push(node);
                 }
                 self.losses += 1;
+                self.lost(node);
                 self.dir.lose_node(node);
                 self.dispatch(None, ctx);
             }
             Msg::StoreLost(node) => {
                 self.losses += 1;
+                self.lost(node);
                 self.dir.lose_node(node);
                 self.dispatch(None, ctx);
             }
@@ -160,5 +176,88 @@ impl Actor<Msg> for Metadata {
             stats: self.dir.stats,
             ..self.report
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::actor::ActorId;
+    use crate::rng::Stream;
+    use crate::serving::msg::Lookup;
+    use crate::serving::store::directory::tests::{chain, params};
+    use crate::workload::ReqId;
+
+    /// Keeps the replies the service sends when its work ends.
+    struct Ctx {
+        replies: Vec<Msg>,
+        rng: Stream,
+    }
+
+    impl Context<Msg> for Ctx {
+        fn now(&self) -> Nanos {
+            Nanos::ZERO
+        }
+        fn me(&self) -> ActorId {
+            ActorId(9)
+        }
+        fn send(&mut self, _: ActorId, _: Msg, _: u64) {}
+        fn timer(&mut self, _: Nanos, _: Msg) {}
+        fn start_then(&mut self, _: Work, then: Then<Msg>) {
+            if let Then::Send { msg, .. } = then {
+                self.replies.push(msg);
+            }
+        }
+        fn rng(&mut self) -> &mut Stream {
+            &mut self.rng
+        }
+    }
+
+    /// The epochs of the groups of a lookup of `c` from node 0.
+    fn epochs(m: &mut Metadata, ctx: &mut Ctx, c: &[u64]) -> Vec<(u32, u32)> {
+        let lookup = Lookup {
+            req: ReqId(0),
+            from: ActorId(1),
+            node: 0,
+            chain: c.to_vec(),
+            skip: 0,
+        };
+        m.handle(Msg::Lookup(Box::new(lookup)), ctx);
+        match ctx.replies.pop() {
+            Some(Msg::LookupReply(_, plan, _)) => {
+                plan.groups.iter().map(|g| (g.node, g.epoch)).collect()
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn plans_carry_the_losses_of_each_source_that_the_service_knew_of() {
+        let dir = Directory::new(params(2, 100, 0, 100));
+        let mut m = Metadata::new(dir, Nanos(10), vec![ActorId(5), ActorId(6)]);
+        let mut ctx = Ctx {
+            replies: Vec::new(),
+            rng: Stream::new(1, 1),
+        };
+        let c = chain(&[1, 2, 3]);
+        let insert = |m: &mut Metadata, ctx: &mut Ctx| {
+            let chain = Box::new(c.clone());
+            m.handle(
+                Msg::Insert {
+                    chain,
+                    node: 1,
+                    replica: false,
+                },
+                ctx,
+            );
+        };
+        insert(&mut m, &mut ctx);
+        assert_eq!(epochs(&mut m, &mut ctx, &c), vec![(1, 0)]);
+        // Node 1's store restarts: what it held is forgotten; stored again, its plans now
+        // say that they know of one loss, and a host fails any read planned with fewer.
+        m.handle(Msg::StoreLost(1), &mut ctx);
+        assert!(epochs(&mut m, &mut ctx, &c).is_empty());
+        insert(&mut m, &mut ctx);
+        assert_eq!(epochs(&mut m, &mut ctx, &c), vec![(1, 1)]);
     }
 }

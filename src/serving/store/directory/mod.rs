@@ -213,6 +213,10 @@ pub struct LoadGroup {
     /// Where in the query chain its tensors are: the indices of its tensors (in chain order),
     /// so that a reader that moves real bytes knows which tensor lands at which positions.
     pub indices: Vec<u32>,
+    /// The losses of `node`'s store that the planner knew of (see
+    /// [`crate::actor::Work::Fetch`]); the directory plans with 0, the metadata service sets
+    /// it.
+    pub epoch: u32,
 }
 
 /// A change of what a server holds, in the order the directory made it: what a store that
@@ -469,6 +473,7 @@ impl Directory {
                         bytes: 0,
                         segments: 0,
                         indices: Vec::new(),
+                        epoch: 0,
                     });
                     plan.groups.last_mut().expect("just pushed")
                 }
@@ -610,4 +615,4 @@ fn lease_held(leases: &HashMap<TensorId, u64, IdBuildHasher>, now_ns: u64, id: T
 mod check;
 mod evict;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -77,6 +77,7 @@ fn a_lookup_plans_one_group_per_source_and_counts_segments() {
                 bytes: 400,
                 segments: 1,
                 indices: vec![1, 2, 3, 4],
+                epoch: 0,
             },
             LoadGroup {
                 node: 1,
@@ -86,6 +87,7 @@ fn a_lookup_plans_one_group_per_source_and_counts_segments() {
                 bytes: 100,
                 segments: 1,
                 indices: vec![5],
+                epoch: 0,
             },
         ]
     );
