@@ -148,16 +148,13 @@ impl PagedCandleBackend {
         }
     }
 
-    /// Computes (and moves K/V) only while holding `lock`, shared by the backends of
-    /// instances that share one device: one of them works at a time, as on one GPU.
+    /// Computes only while holding `lock`, shared by the backends of instances that share one
+    /// device: one of them computes at a time, as on one GPU. K/V copies to and from a store
+    /// do not take the device (on a GPU they are DMA transfers; the simulation charges them
+    /// to the links, not to the device).
     pub fn with_device_lock(mut self, lock: Arc<DeviceLock>) -> PagedCandleBackend {
         self.device = Some(lock);
         self
-    }
-
-    /// Holds the device, if shared.
-    fn hold(&self) -> Option<Turn<'_>> {
-        self.device.as_deref().map(DeviceLock::take)
     }
 
     /// The slot of block `j` of a block table.
@@ -308,7 +305,6 @@ impl BatchBackend for PagedCandleBackend {
         tensor_tokens: u32,
     ) -> Result<KvData, BackendError> {
         let tt = tensor_tokens as usize;
-        let _held = self.hold();
         let started = std::time::Instant::now();
         let out = tensors
             .iter()
@@ -333,8 +329,6 @@ impl BatchBackend for PagedCandleBackend {
             return Err(BackendError::Store("a load without a store".into()));
         };
         let (device, dtype) = (self.model.device().clone(), self.model.dtype());
-        let lock = self.device.clone();
-        let _held = lock.as_deref().map(DeviceLock::take);
         let started = std::time::Instant::now();
         let r = self.load_items(
             &memory,
