@@ -1,12 +1,13 @@
 //! `meshsim profile`: measure a model's shards and write the profile.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Args;
 
 use super::{EXIT_BAD_INPUT, EXIT_FAILED, refused};
+use meshsim::model::profile::{Profile, ProfileError};
 use meshsim::results::output;
 
 #[derive(Args)]
@@ -48,38 +49,55 @@ pub(crate) struct ProfileArgs {
     pub(crate) out: PathBuf,
 }
 
+/// Checks the grid (`checked`) and that `out` may be written, before any measurement.
+fn ready(checked: Result<(), ProfileError>, out: &Path) -> Result<(), ExitCode> {
+    if let Err(e) = checked {
+        eprintln!("error: {e}");
+        return Err(ExitCode::from(EXIT_BAD_INPUT));
+    }
+    output::check_out_file(out, output::Replaces::Header(output::PROFILE_HEADER)).map_err(refused)
+}
+
+/// A measurement's result, or the exit status of its error (2 for bad input).
+fn measured<T>(r: Result<T, ProfileError>) -> Result<T, ExitCode> {
+    r.map_err(|e| {
+        eprintln!("error: {e}");
+        ExitCode::from(if e.is_bad_input() {
+            EXIT_BAD_INPUT
+        } else {
+            EXIT_FAILED
+        })
+    })
+}
+
+/// Writes `p` to `out`.
+fn written(p: &Profile, out: &Path) -> Result<(), ExitCode> {
+    meshsim::profiling::write(p, out).map_err(|e| {
+        eprintln!("error: {e}");
+        ExitCode::from(EXIT_FAILED)
+    })
+}
+
 /// `meshsim profile --serving`.
 fn profile_serving(a: &ProfileArgs, config: &meshsim::exec::TransformerConfig) -> ExitCode {
     use meshsim::profiling::{self as profile, ServingGrid};
-    let bad = |msg: String| {
-        eprintln!("error: {msg}");
-        ExitCode::from(EXIT_BAD_INPUT)
-    };
     let grid = ServingGrid {
         repeats: a.repeats,
         block_size: a.block_size,
         tensor_tokens: a.tensor_tokens,
         ..ServingGrid::default()
     };
-    if let Err(e) = grid.check("arguments") {
-        return bad(e.to_string());
-    }
-    let replaces = output::Replaces::Header(output::PROFILE_HEADER);
-    if let Err(e) = output::check_out_file(&a.out, replaces) {
-        return refused(e);
+    if let Err(code) = ready(grid.check("arguments"), &a.out) {
+        return code;
     }
     let device = meshsim::exec::default_device();
     let started = Instant::now();
     let weights = meshsim::exec::WeightSource::Seeded(a.seed);
-    let b = match profile::measure_serving(config, &weights, &device, &grid) {
+    let b = match measured(profile::measure_serving(config, &weights, &device, &grid)) {
         Ok(b) => b,
-        Err(e) if e.is_bad_input() => return bad(e.to_string()),
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(EXIT_FAILED);
-        }
+        Err(code) => return code,
     };
-    let p = meshsim::model::profile::Profile {
+    let p = Profile {
         model: config.name.clone(),
         device: profile::device_name(&device),
         dtype: "f32".into(),
@@ -87,9 +105,8 @@ fn profile_serving(a: &ProfileArgs, config: &meshsim::exec::TransformerConfig) -
         shards: Vec::new(),
         serving: Some(b.clone()),
     };
-    if let Err(e) = profile::write(&p, &a.out) {
-        eprintln!("error: {e}");
-        return ExitCode::from(EXIT_FAILED);
+    if let Err(code) = written(&p, &a.out) {
+        return code;
     }
     println!(
         "serving profile of {} on {} ({} iterations, {} repeats) in {:.1} s -> {}",
@@ -176,32 +193,23 @@ pub(crate) fn profile_run(a: &ProfileArgs) -> ExitCode {
         },
         repeats: a.repeats,
     };
-    if let Err(e) = grid.check("arguments") {
-        return bad(e.to_string());
-    }
-    let replaces = output::Replaces::Header(output::PROFILE_HEADER);
-    if let Err(e) = output::check_out_file(&a.out, replaces) {
-        return refused(e);
+    if let Err(code) = ready(grid.check("arguments"), &a.out) {
+        return code;
     }
     let device = meshsim::exec::default_device();
     let started = Instant::now();
-    let p = match profile::measure(
+    let p = match measured(profile::measure(
         &config,
         &layers,
         &meshsim::exec::WeightSource::Seeded(a.seed),
         &device,
         &grid,
-    ) {
+    )) {
         Ok(p) => p,
-        Err(e) if e.is_bad_input() => return bad(e.to_string()),
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(EXIT_FAILED);
-        }
+        Err(code) => return code,
     };
-    if let Err(e) = profile::write(&p, &a.out) {
-        eprintln!("error: {e}");
-        return ExitCode::from(EXIT_FAILED);
+    if let Err(code) = written(&p, &a.out) {
+        return code;
     }
     let (n, c) = (grid.prefill[grid.prefill.len() - 1], grid.decode[0]);
     println!(

@@ -59,21 +59,10 @@ impl KvCache {
                 self.tokens
             )));
         }
-        let kv = self
-            .kv
-            .iter()
-            .map(|layer| match layer {
-                Some((k, v)) => Ok(Some((
-                    k.narrow(2, range.start, range.len())?.contiguous()?,
-                    v.narrow(2, range.start, range.len())?.contiguous()?,
-                ))),
-                None => Ok(None),
-            })
-            .collect::<Result<Vec<_>, candle_core::Error>>()?;
         Ok(KvSlice {
             layers: self.layers.clone(),
+            kv: narrow_layers(&self.kv, range.start, range.len())?,
             positions: range,
-            kv,
         })
     }
 
@@ -197,22 +186,10 @@ impl KvSlice {
                 self.positions
             )));
         }
-        let (from, len) = (range.start - self.positions.start, range.len());
-        let kv = self
-            .kv
-            .iter()
-            .map(|layer| match layer {
-                Some((k, v)) => Ok(Some((
-                    k.narrow(2, from, len)?.contiguous()?,
-                    v.narrow(2, from, len)?.contiguous()?,
-                ))),
-                None => Ok(None),
-            })
-            .collect::<Result<Vec<_>, candle_core::Error>>()?;
         Ok(KvSlice {
             layers: self.layers.clone(),
+            kv: narrow_layers(&self.kv, range.start - self.positions.start, range.len())?,
             positions: range,
-            kv,
         })
     }
 
@@ -292,6 +269,22 @@ impl KvSlice {
             kv,
         })
     }
+}
+
+/// Every layer's K and V narrowed to `len` positions from index `from` (contiguous copies).
+type Layers = Vec<Option<(Tensor, Tensor)>>;
+
+fn narrow_layers(kv: &Layers, from: usize, len: usize) -> Result<Layers, ExecError> {
+    Ok(kv
+        .iter()
+        .map(|layer| match layer {
+            Some((k, v)) => Ok(Some((
+                k.narrow(2, from, len)?.contiguous()?,
+                v.narrow(2, from, len)?.contiguous()?,
+            ))),
+            None => Ok(None),
+        })
+        .collect::<Result<Vec<_>, candle_core::Error>>()?)
 }
 
 /// A host-side copy of the K/V of a token range (a prefix store's tensor): f32, shaped

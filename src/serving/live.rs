@@ -235,14 +235,7 @@ pub async fn live_with(
 /// Runs every policy at every sweep point of `s` on the live host, one after another, then
 /// checks every policy's outputs against vanilla's ([`check_outputs`]).
 pub async fn live_all(s: &Scenario) -> Result<Vec<PolicyRun>, RunError> {
-    let points: Vec<(Option<&str>, &Scenario)> = if s.points.is_empty() {
-        vec![(None, s)]
-    } else {
-        s.points
-            .iter()
-            .map(|p| (Some(p.label.as_str()), &p.scenario))
-            .collect()
-    };
+    let points = s.runs();
     let mut runs = Vec::new();
     for (label, p) in points {
         let trace = super::run::trace(p)?;

@@ -469,14 +469,7 @@ pub fn simulate_share(
     o: &RunOptions,
 ) -> Result<Vec<(usize, PolicyRun)>, RunError> {
     let (share, board) = (o.share, o.board);
-    let points: Vec<(Option<&str>, &Scenario)> = if s.points.is_empty() {
-        vec![(None, s)]
-    } else {
-        s.points
-            .iter()
-            .map(|p| (Some(p.label.as_str()), &p.scenario))
-            .collect()
-    };
+    let points = s.runs();
     let owns = |i: usize| share.is_none_or(|sh| sh.owns(i));
     let mut jobs: Vec<Job> = Vec::new();
     let mut i = 0;

@@ -82,30 +82,18 @@ impl Instance {
                     failed = true;
                 }
             }
+            let work = Work::Fetch {
+                from: Place::Host { node: g.node },
+                medium,
+                bytes: g.bytes,
+                segments: g.segments,
+                epoch: g.epoch,
+            };
             if failed {
-                ctx.start(
-                    Work::Fetch {
-                        from: Place::Host { node: g.node },
-                        medium,
-                        bytes: g.bytes,
-                        segments: g.segments,
-                        epoch: g.epoch,
-                    },
-                    Msg::LoadFailed(seq.req),
-                );
-                continue;
+                ctx.start(work, Msg::LoadFailed(seq.req));
+            } else {
+                ctx.start_fetch(work, Msg::Loaded(seq.req), Msg::LoadFailed(seq.req));
             }
-            ctx.start_fetch(
-                Work::Fetch {
-                    from: Place::Host { node: g.node },
-                    medium,
-                    bytes: g.bytes,
-                    segments: g.segments,
-                    epoch: g.epoch,
-                },
-                Msg::Loaded(seq.req),
-                Msg::LoadFailed(seq.req),
-            );
         }
     }
 

@@ -115,6 +115,18 @@ impl Scenario {
         }
     }
 
+    /// The points to run, with their labels: the sweep's, or the scenario itself.
+    pub fn runs(&self) -> Vec<(Option<&str>, &Scenario)> {
+        if self.points.is_empty() {
+            vec![(None, self)]
+        } else {
+            self.points
+                .iter()
+                .map(|p| (Some(p.label.as_str()), &p.scenario))
+                .collect()
+        }
+    }
+
     /// Number of serving instances (one per tensor-parallel group of GPUs).
     pub fn instances(&self) -> u32 {
         self.hardware.total_gpus() / self.serving.tensor_parallel
