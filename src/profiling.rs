@@ -252,8 +252,8 @@ pub fn measure(
 pub struct ServingGrid {
     /// Prefill chunks from an empty cache: new tokens.
     pub prefill: Vec<u32>,
-    /// A chunk of `chunk` new tokens after each of these cached contexts.
-    pub chunk: u32,
+    /// A chunk of each of these numbers of new tokens after each of these cached contexts.
+    pub chunks: Vec<u32>,
     pub chunk_contexts: Vec<u32>,
     /// Decode steps: members of the batch, and the context each has cached.
     pub batches: Vec<u32>,
@@ -269,8 +269,8 @@ impl Default for ServingGrid {
     fn default() -> ServingGrid {
         ServingGrid {
             prefill: vec![16, 64, 128, 256, 512],
-            chunk: 64,
-            chunk_contexts: vec![256, 512, 1024],
+            chunks: vec![16, 64, 256],
+            chunk_contexts: vec![128, 256, 512, 1024],
             batches: vec![1, 4, 8, 16],
             contexts: vec![128, 512, 1024],
             tensors: vec![1, 4, 8],
@@ -289,6 +289,7 @@ impl ServingGrid {
             check_grid(origin, key, &xs)
         };
         list("prefill", &self.prefill)?;
+        list("chunks", &self.chunks)?;
         list("chunk_contexts", &self.chunk_contexts)?;
         list("batches", &self.batches)?;
         list("contexts", &self.contexts)?;
@@ -304,7 +305,6 @@ impl ServingGrid {
             Ok(())
         };
         for (key, v) in [
-            ("chunk", self.chunk as u64),
             ("block_size", self.block_size as u64),
             ("tensor_tokens", self.tensor_tokens as u64),
             ("repeats", self.repeats as u64),
@@ -343,7 +343,7 @@ impl ServingGrid {
     fn tokens(&self) -> u64 {
         let last = |v: &[u32]| v.iter().copied().max().unwrap_or(0) as u64;
         last(&self.prefill)
-            .max(last(&self.chunk_contexts) + self.chunk as u64)
+            .max(last(&self.chunk_contexts) + last(&self.chunks))
             .max(last(&self.contexts) + 1)
             .max(last(&self.tensors) * self.tensor_tokens as u64)
     }
@@ -482,11 +482,13 @@ pub fn measure_serving(
         filled[0] = n;
         point(1, n, 0, t);
     }
-    for &c in &grid.chunk_contexts {
-        fill(&mut backend, &mut filled, 0, c)?;
-        let t = timed(&mut backend, &[(0, c, grid.chunk)])?;
-        filled[0] = c + grid.chunk;
-        point(1, grid.chunk, c, t);
+    for &n in &grid.chunks {
+        for &c in &grid.chunk_contexts {
+            fill(&mut backend, &mut filled, 0, c)?;
+            let t = timed(&mut backend, &[(0, c, n)])?;
+            filled[0] = c + n;
+            point(1, n, c, t);
+        }
     }
     for &c in &grid.contexts {
         for &b in &grid.batches {

@@ -178,7 +178,7 @@ fn a_measured_profile_prices_the_live_iterations_and_calibrates_the_simulation()
 
     let grid = ServingGrid {
         prefill: vec![16, 64, 128, 192],
-        chunk: 32,
+        chunks: vec![32],
         chunk_contexts: vec![64, 160],
         batches: vec![1, 4, 8],
         contexts: vec![64, 192],

@@ -41,6 +41,11 @@ pub struct BatchShape {
     pub sampling_seqs: u64,
     pub attention_pairs: u64,
     pub kv_read_tokens: u64,
+    /// Cached tokens of the members that compute more than one new token (prefill chunks
+    /// after a cache: a causal mask and matrix-matrix attention over the cache, where a
+    /// one-token member's attention is a vector-matrix product). Only a measured profile
+    /// prices it ([`crate::model::batch_profile`]); the roofline's attention is in the pairs.
+    pub chunk_cached_tokens: u64,
 }
 
 impl BatchShape {
@@ -52,6 +57,9 @@ impl BatchShape {
         self.sampling_seqs += samples as u64;
         self.attention_pairs += n * cached + n * (n + 1) / 2;
         self.kv_read_tokens += cached + n;
+        if n > 1 {
+            self.chunk_cached_tokens += cached;
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -154,14 +162,16 @@ mod tests {
         let mut b = BatchShape::default();
         b.add(4, 0, true); // pairs 1+2+3+4 = 10
         b.add(1, 9, true); // decode at position 9 attends 10 positions
+        b.add(2, 3, false); // a chunk after 3 cached tokens: positions 3, 4 attend 4 + 5 = 9
         assert_eq!(
             b,
             BatchShape {
-                seqs: 2,
-                new_tokens: 5,
+                seqs: 3,
+                new_tokens: 7,
                 sampling_seqs: 2,
-                attention_pairs: 20,
-                kv_read_tokens: 14
+                attention_pairs: 29,
+                kv_read_tokens: 19,
+                chunk_cached_tokens: 3,
             }
         );
     }

@@ -245,6 +245,11 @@ impl Actor<Msg> for Router {
                 if !self.known(req) => {}
             Msg::Finished(c) if !self.known(c.req) => {}
             Msg::Arrival(req) => {
+                // A request arrives when the router has it: on the sim host exactly at the
+                // trace's time; on the live host when its timer fired, which is later by the
+                // timer's granularity (tokio's is a millisecond). Measuring from the trace's
+                // time would charge the load generator's lateness to the served request.
+                self.records[req.0 as usize].arrival = ctx.now();
                 self.dispatch(req, "no live instance", ctx);
                 self.schedule_arrival(req.0 + 1, ctx);
             }
