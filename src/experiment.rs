@@ -102,6 +102,50 @@ impl Experiment {
         }
     }
 
+    /// `--nodes` (comma-separated `HOST:PORT`s) and `--cookie-file`: a live pipeline run
+    /// across `meshsim node` processes. Serving scenarios run live in one process only.
+    pub fn set_cluster(
+        &mut self,
+        file: &str,
+        nodes: Option<&str>,
+        cookie_file: Option<PathBuf>,
+    ) -> Result<(), ScenarioError> {
+        let c = crate::scenario::Check { file };
+        match self {
+            Experiment::Pipeline(s) => {
+                let nodes = match nodes {
+                    Some(n) => Some(crate::pipeline::scenario::live_nodes(
+                        &c,
+                        &n.split(',')
+                            .map(|x| x.trim().to_string())
+                            .filter(|x| !x.is_empty())
+                            .collect::<Vec<_>>(),
+                    )?),
+                    None => None,
+                };
+                let apply = |p: &mut crate::pipeline::scenario::PipelineScenario| {
+                    if let Some(n) = &nodes {
+                        p.nodes = n.clone();
+                    }
+                    if let Some(f) = &cookie_file {
+                        p.cookie_file = Some(f.clone());
+                    }
+                };
+                apply(s);
+                for p in &mut s.points {
+                    apply(&mut p.scenario);
+                }
+                Ok(())
+            }
+            Experiment::Serving(_) if nodes.is_some() || cookie_file.is_some() => Err(c.err(
+                "live.nodes",
+                "serving scenarios run live in one process; only pipeline routes run across \
+                 meshsim nodes so far",
+            )),
+            Experiment::Serving(_) => Ok(()),
+        }
+    }
+
     /// Checks what only a live run needs (sizes a CPU can hold); `Ok` for simulations.
     pub fn check_live(&self, file: &str) -> Result<(), ScenarioError> {
         match self {
@@ -321,13 +365,15 @@ fn describe_serving(s: &Scenario) -> String {
     let pricing = match &s.serving.profile {
         Some((path, fit)) => format!(
             "the profile {} (ns = {:.0} + {:.0} x members + {:.1} x new tokens + {:.3} x \
-             attention pairs + {:.2} x K/V tokens read)",
+             attention pairs + {:.2} x K/V tokens read + {:.2} x cached tokens of chunk \
+             members)",
             path.display(),
             fit.coef[0],
             fit.coef[1],
             fit.coef[2],
             fit.coef[3],
-            fit.coef[4]
+            fit.coef[4],
+            fit.coef[5]
         ),
         None => "the roofline of the GPU".into(),
     };

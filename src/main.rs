@@ -52,6 +52,30 @@ enum Command {
         /// `meshsim merge` assembles the shares.
         #[arg(long, value_name = "K/N")]
         points: Option<String>,
+        /// Live pipeline runs: place the shards on these `meshsim node`s (HOST:PORT,
+        /// comma-separated) instead of `[live] nodes`.
+        #[arg(long, value_name = "ADDRS", requires = "live")]
+        nodes: Option<String>,
+        /// The cluster's cookie file (instead of `[live] cookie_file`).
+        #[arg(long, value_name = "FILE")]
+        cookie_file: Option<PathBuf>,
+    },
+    /// Join a cluster and host the actors that live runs place here (pipeline shards),
+    /// until killed.
+    Node {
+        /// Address to listen at; loopback unless told otherwise.
+        #[arg(long, default_value = "127.0.0.1:7001")]
+        listen: String,
+        /// File whose first line is the cluster's cookie (never passed on the command line).
+        #[arg(long, value_name = "FILE")]
+        cookie_file: PathBuf,
+        /// Largest frame accepted from a peer, MiB (a run whose largest message is larger is
+        /// refused by its coordinator before it starts).
+        #[arg(long, default_value_t = 64)]
+        max_frame_mib: u64,
+        /// Model weights the actors placed here may hold, GiB.
+        #[arg(long, default_value_t = 16)]
+        max_memory_gib: u64,
     },
     /// Assemble the partial results folders of `meshsim run --points K/N` (every share of one
     /// run) into the results folder one run would have written.
@@ -155,6 +179,7 @@ fn main() -> ExitCode {
         | Command::Trace { .. }
         | Command::Profile(_)
         | Command::Compare { .. }
+        | Command::Node { .. }
         | Command::Vopr { .. } => false,
     };
     init_logging(cli.verbose, quiet);
@@ -170,6 +195,8 @@ fn main() -> ExitCode {
             quiet,
             live,
             points,
+            nodes,
+            cookie_file,
         } => cli::run::run(
             &scenario,
             seed,
@@ -178,7 +205,14 @@ fn main() -> ExitCode {
             quiet,
             live,
             points.as_deref(),
+            cli::run::Cluster { nodes, cookie_file },
         ),
+        Command::Node {
+            listen,
+            cookie_file,
+            max_frame_mib,
+            max_memory_gib,
+        } => cli::node::node(&listen, &cookie_file, max_frame_mib, max_memory_gib),
         Command::Merge { dirs, out, quiet } => cli::run::merge(&dirs, out, quiet),
         Command::Trace { command } => cli::trace::trace(&command),
         Command::Check { scenario } => cli::run::check(&scenario),

@@ -2,6 +2,7 @@
 //! rule (validation, running, writing). Exit status: 0 on success, [`EXIT_BAD_INPUT`] for bad
 //! input (nothing written), [`EXIT_FAILED`] when a run or a write fails.
 
+pub(crate) mod node;
 pub(crate) mod profile;
 pub(crate) mod run;
 pub(crate) mod tools;

@@ -32,8 +32,15 @@ pub(crate) fn check(scenario: &Path) -> ExitCode {
     }
 }
 
+/// `--nodes` and `--cookie-file`: where a live pipeline run's shards go.
+pub(crate) struct Cluster {
+    pub(crate) nodes: Option<String>,
+    pub(crate) cookie_file: Option<PathBuf>,
+}
+
 /// `meshsim run`: validate, check the output folder, run every policy (or decode mode) at
 /// every sweep point, write the results folder, print a line per run.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     scenario: &Path,
     seed: Option<u64>,
@@ -42,6 +49,7 @@ pub(crate) fn run(
     quiet: bool,
     live_flag: bool,
     points: Option<&str>,
+    cluster: Cluster,
 ) -> ExitCode {
     let file = scenario.display().to_string();
     let mut x = match Experiment::load(scenario) {
@@ -52,6 +60,9 @@ pub(crate) fn run(
         x.set_seed(seed);
     }
     if live_flag && let Err(e) = x.set_live(&file) {
+        return bad(e);
+    }
+    if let Err(e) = x.set_cluster(&file, cluster.nodes.as_deref(), cluster.cookie_file) {
         return bad(e);
     }
     if let Err(e) = x.check_live(&file) {

@@ -30,17 +30,20 @@
 //! in flight (sent, or due on a timer, and not yet handled) and ends the run when the count
 //! falls to zero. A handler that panics, or a message that cannot be delivered, ends the run
 //! at once with that error; a run that does not end within its wall-clock limit is an error
-//! too. Addressing stays abstract ([`ActorId`] to a mailbox), so actors could later live in
-//! other processes under `ractor_cluster`.
+//! too. Addressing stays abstract ([`ActorId`] to a route): [`run`] hosts every actor in this
+//! process; [`super::cluster`] uses the same shells with routes to other processes (a
+//! [`Route::Remote`] message is encoded and handed to that process's agent), counting
+//! messages per peer process so that its coordinator can tell when the whole run is quiet.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use ractor::{Actor as RactorActor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::LiveError;
+use super::wire::Counts;
 use crate::actor::{Actor, ActorId, Context, Message, Then, Work};
 use crate::metrics::Report;
 use crate::rng::{Stream, streams};
@@ -50,22 +53,64 @@ use crate::units::Nanos;
 pub enum Envelope<M> {
     /// The start of the run, for [`Actor::start`].
     Start,
-    /// A message for the actor.
+    /// A message for the actor from this process (counted in `in_flight`).
     Deliver(M),
+    /// A message for the actor from an actor of process `from` (counted per peer).
+    Remote(M, u16),
     /// The actor's report, at the end of the run.
     Report(RpcReplyPort<Report>),
 }
 
-struct Shared<M> {
+// ractor's `cluster` feature (which `ractor_cluster` needs) drops the blanket `Message`
+// impl: a shell's envelope never leaves its process.
+impl<M: Message> ractor::Message for Envelope<M> {}
+
+/// Where an actor's messages go.
+pub enum Route<M> {
+    /// A shell in this process.
+    Local(ActorRef<Envelope<M>>),
+    /// An actor of another process of the run, by its index there.
+    Remote(u16),
+    /// An actor whose process was lost and that has not been placed again: its messages are
+    /// lost, as they would be on the wire.
+    Gone,
+}
+
+impl<M> Clone for Route<M> {
+    fn clone(&self) -> Self {
+        match self {
+            Route::Local(r) => Route::Local(r.clone()),
+            Route::Remote(n) => Route::Remote(*n),
+            Route::Gone => Route::Gone,
+        }
+    }
+}
+
+/// Sends actor messages to other processes (`super::cluster`): encodes `msg` for actor `to`
+/// and hands it to process `node`'s agent. An error (the message cannot be encoded, or is
+/// over the frame limit) ends the run.
+pub trait Outbound<M>: Send + Sync {
+    fn send(&self, node: u16, to: ActorId, msg: M) -> Result<u64, String>;
+}
+
+pub(crate) struct Shared<M> {
     started: Instant,
-    peers: OnceLock<Vec<ActorRef<Envelope<M>>>>,
-    /// Messages sent (or due on a timer) and not yet handled.
+    routes: RwLock<Vec<Route<M>>>,
+    outbound: Option<Arc<dyn Outbound<M>>>,
+    /// Messages sent within this process (or due on a timer) and not yet handled.
     in_flight: AtomicU64,
+    /// Per process: messages sent from here to an actor there, and handled here from there.
+    sent_to: Vec<AtomicU64>,
+    handled_from: Vec<AtomicU64>,
+    handled: AtomicU64,
     /// An actor panicked or a message could not be delivered.
     failed: AtomicBool,
     wake: tokio::sync::Notify,
     messages: AtomicU64,
     bytes: AtomicU64,
+    /// Frames sent to other processes, and their bytes.
+    wire_frames: AtomicU64,
+    wire_bytes: AtomicU64,
     /// Bytes of `Work::Fetch`es (store loads).
     fetched: AtomicU64,
     errors: Mutex<Vec<String>>,
@@ -77,7 +122,7 @@ impl<M: Message> Shared<M> {
     }
 
     /// Records a failure and ends the run.
-    fn error(&self, e: String) {
+    pub(crate) fn error(&self, e: String) {
         if let Ok(mut v) = self.errors.lock() {
             v.push(e);
         }
@@ -85,29 +130,74 @@ impl<M: Message> Shared<M> {
         self.wake.notify_one();
     }
 
-    /// Counts a message as in flight from now until its handler returns.
+    /// Counts a local message as in flight from now until its handler returns.
     fn sent(&self) {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// A message left flight (handled, or lost); wakes the host when none is left.
+    /// A local message left flight (handled, or lost); wakes the host when none is left.
     fn landed(&self) {
         if self.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.wake.notify_one();
         }
     }
 
-    /// Puts `msg` into `to`'s mailbox; it must already be counted by [`Self::sent`].
-    fn deliver(&self, to: ActorId, msg: Envelope<M>) {
-        let Some(peer) = self.peers.get().and_then(|p| p.get(to.0 as usize)) else {
-            self.error(format!("a message to unknown actor {}", to.0));
-            self.landed();
-            return;
-        };
-        self.messages.fetch_add(1, Ordering::Relaxed);
-        if peer.cast(msg).is_err() {
-            self.error(format!("actor {} has stopped", to.0));
-            self.landed();
+    fn route(&self, to: ActorId) -> Option<Route<M>> {
+        self.routes.read().ok()?.get(to.0 as usize).cloned()
+    }
+
+    /// Puts a local envelope into `to`'s mailbox; it must already be counted by
+    /// [`Self::sent`].
+    fn deliver_local(&self, to: ActorId, msg: Envelope<M>) {
+        match self.route(to) {
+            Some(Route::Local(peer)) => {
+                self.messages.fetch_add(1, Ordering::Relaxed);
+                if peer.cast(msg).is_err() {
+                    self.error(format!("actor {} has stopped", to.0));
+                    self.landed();
+                }
+            }
+            _ => {
+                self.error(format!(
+                    "a local message to actor {}, which is not here",
+                    to.0
+                ));
+                self.landed();
+            }
+        }
+    }
+
+    /// Sends an actor message to `to`, wherever it lives.
+    fn send_msg(&self, to: ActorId, msg: M) {
+        match self.route(to) {
+            Some(Route::Local(_)) => {
+                self.sent();
+                self.deliver_local(to, Envelope::Deliver(msg));
+            }
+            Some(Route::Remote(node)) => {
+                let Some(out) = &self.outbound else {
+                    self.error(format!(
+                        "actor {} is remote but this host has no network",
+                        to.0
+                    ));
+                    return;
+                };
+                match out.send(node, to, msg) {
+                    Ok(frame_bytes) => {
+                        self.messages.fetch_add(1, Ordering::Relaxed);
+                        self.wire_bytes.fetch_add(frame_bytes, Ordering::Relaxed);
+                        self.wire_frames.fetch_add(1, Ordering::Relaxed);
+                        if let Some(c) = self.sent_to.get(node as usize) {
+                            c.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                    Err(e) => self.error(e),
+                }
+            }
+            Some(Route::Gone) => {
+                tracing::debug!("a message to actor {} is lost with its process", to.0);
+            }
+            None => self.error(format!("a message to unknown actor {}", to.0)),
         }
     }
 }
@@ -129,8 +219,7 @@ impl<M: Message> Context<M> for LiveCtx<'_, M> {
         self.shared
             .bytes
             .fetch_add(payload_bytes, Ordering::Relaxed);
-        self.shared.sent();
-        self.shared.deliver(to, Envelope::Deliver(msg));
+        self.shared.send_msg(to, msg);
     }
     fn timer(&mut self, after: Nanos, msg: M) {
         let me = self.me;
@@ -138,7 +227,7 @@ impl<M: Message> Context<M> for LiveCtx<'_, M> {
         let shared = Arc::clone(self.shared);
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_nanos(after.0)).await;
-            shared.deliver(me, Envelope::Deliver(msg));
+            shared.deliver_local(me, Envelope::Deliver(msg));
         });
     }
     fn start_then(&mut self, work: Work, then: Then<M>) {
@@ -148,7 +237,7 @@ impl<M: Message> Context<M> for LiveCtx<'_, M> {
         match then {
             Then::Notify(done) => {
                 self.shared.sent();
-                self.shared.deliver(self.me, Envelope::Deliver(done));
+                self.shared.deliver_local(self.me, Envelope::Deliver(done));
             }
             Then::Send {
                 to,
@@ -191,45 +280,56 @@ impl<M: Message> RactorActor for Shell<M> {
         msg: Envelope<M>,
         st: &mut ShellState<M>,
     ) -> Result<(), ActorProcessingErr> {
-        match msg {
-            Envelope::Start | Envelope::Deliver(_) => {
-                let ShellState {
-                    actor,
-                    me,
-                    shared,
-                    rng,
-                } = st;
-                let handled = compute(|| {
-                    catch_unwind(AssertUnwindSafe(|| {
-                        let mut ctx = LiveCtx {
-                            shared,
-                            me: *me,
-                            rng,
-                        };
-                        match msg {
-                            Envelope::Deliver(m) => actor.handle(m, &mut ctx),
-                            _ => actor.start(&mut ctx),
-                        }
-                    }))
-                });
-                if let Err(panic) = handled {
-                    let what = panic
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "a panic".into());
-                    shared.error(format!("actor {} panicked: {what}", me.0));
-                } else if let Err(e) = actor.check() {
-                    // Live runs are small: every actor's invariants after every message.
-                    shared.error(format!("actor {}: invariant broken: {e}", me.0));
-                }
-                shared.landed();
-            }
+        let (msg, from) = match msg {
             Envelope::Report(reply) => {
                 let mut r = Report::default();
                 st.actor.report(&mut r);
                 // The host may have given up waiting; nothing to do then.
                 let _ = reply.send(r);
+                return Ok(());
+            }
+            Envelope::Start => (None, None),
+            Envelope::Deliver(m) => (Some(m), None),
+            Envelope::Remote(m, from) => (Some(m), Some(from)),
+        };
+        let ShellState {
+            actor,
+            me,
+            shared,
+            rng,
+        } = st;
+        let handled = compute(|| {
+            catch_unwind(AssertUnwindSafe(|| {
+                let mut ctx = LiveCtx {
+                    shared,
+                    me: *me,
+                    rng,
+                };
+                match msg {
+                    Some(m) => actor.handle(m, &mut ctx),
+                    None => actor.start(&mut ctx),
+                }
+            }))
+        });
+        if let Err(panic) = handled {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            shared.error(format!("actor {} panicked: {what}", me.0));
+        } else if let Err(e) = actor.check() {
+            // Live runs are small: every actor's invariants after every message.
+            shared.error(format!("actor {}: invariant broken: {e}", me.0));
+        }
+        shared.handled.fetch_add(1, Ordering::SeqCst);
+        match from {
+            None => shared.landed(),
+            Some(n) => {
+                if let Some(c) = shared.handled_from.get(n as usize) {
+                    c.fetch_add(1, Ordering::SeqCst);
+                }
+                shared.wake.notify_one();
             }
         }
         Ok(())
@@ -258,6 +358,204 @@ pub struct LiveOutcome {
     pub bytes: u64,
     /// Bytes read by store loads (`Work::Fetch`).
     pub fetched: u64,
+    /// Bytes of the frames of actor messages that crossed processes (0 in one process).
+    pub wire_bytes: u64,
+    /// Frames of actor messages that crossed processes.
+    pub wire_frames: u64,
+}
+
+/// The actors of a run that live in this process: their shells, routes to every actor of
+/// the run, and the counts of messages in flight. [`run`] uses one for a whole run;
+/// `super::cluster` one per process of a run.
+pub(crate) struct LocalHost<M: Message> {
+    pub(crate) shared: Arc<Shared<M>>,
+    seed: u64,
+    local: Vec<(ActorId, ActorRef<Envelope<M>>)>,
+    joins: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl<M: Message> LocalHost<M> {
+    /// A host for one of the `nodes` processes of a run, whose actors go by `routes` (by id),
+    /// with `outbound` for the remote ones.
+    pub(crate) fn new(
+        nodes: usize,
+        routes: Vec<Route<M>>,
+        seed: u64,
+        outbound: Option<Arc<dyn Outbound<M>>>,
+    ) -> LocalHost<M> {
+        let shared = Arc::new(Shared {
+            started: Instant::now(),
+            routes: RwLock::new(routes),
+            outbound,
+            in_flight: AtomicU64::new(0),
+            sent_to: (0..nodes).map(|_| AtomicU64::new(0)).collect(),
+            handled_from: (0..nodes).map(|_| AtomicU64::new(0)).collect(),
+            handled: AtomicU64::new(0),
+            failed: AtomicBool::new(false),
+            wake: tokio::sync::Notify::new(),
+            messages: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            wire_bytes: AtomicU64::new(0),
+            wire_frames: AtomicU64::new(0),
+            fetched: AtomicU64::new(0),
+            errors: Mutex::new(Vec::new()),
+        });
+        LocalHost {
+            shared,
+            seed,
+            local: Vec::new(),
+            joins: Vec::new(),
+        }
+    }
+
+    /// Spawns the shell of `actor` as actor `id` here (its route becomes local).
+    pub(crate) async fn add(
+        &mut self,
+        id: ActorId,
+        actor: Box<dyn Actor<M>>,
+    ) -> Result<(), LiveError> {
+        let state = ShellState {
+            actor,
+            me: id,
+            shared: Arc::clone(&self.shared),
+            rng: Stream::new(self.seed, streams::ACTOR_BASE + id.0 as u64),
+        };
+        let (r, j) = RactorActor::spawn(None, Shell(std::marker::PhantomData), state)
+            .await
+            .map_err(|e| LiveError::Actor(e.to_string()))?;
+        self.set_route(id, Route::Local(r.clone()));
+        self.local.push((id, r));
+        self.joins.push(j);
+        Ok(())
+    }
+
+    /// Points actor `id`'s messages to `route` from now on.
+    pub(crate) fn set_route(&self, id: ActorId, route: Route<M>) {
+        if let Ok(mut routes) = self.shared.routes.write()
+            && let Some(r) = routes.get_mut(id.0 as usize)
+        {
+            *r = route;
+        }
+    }
+
+    /// Starts every actor of this process ([`Actor::start`]), in id order.
+    pub(crate) fn start(&self) {
+        // Count every Start before delivering any, so that the count cannot touch zero early.
+        for _ in &self.local {
+            self.shared.sent();
+        }
+        for (id, _) in &self.local {
+            self.shared.deliver_local(*id, Envelope::Start);
+        }
+    }
+
+    /// Delivers a message from an actor of process `from` to the local actor `to`.
+    pub(crate) fn deliver_remote(&self, to: ActorId, msg: M, from: u16) -> Result<(), String> {
+        match self.shared.route(to) {
+            Some(Route::Local(peer)) => {
+                self.shared.messages.fetch_add(1, Ordering::Relaxed);
+                peer.cast(Envelope::Remote(msg, from))
+                    .map_err(|_| format!("actor {} has stopped", to.0))
+            }
+            _ => Err(format!("a message for actor {}, which is not here", to.0)),
+        }
+    }
+
+    /// Sends `msg` to actor `to` as the host (a notice such as a lost peer), counted as any
+    /// message.
+    pub(crate) fn send(&self, to: ActorId, msg: M) {
+        self.shared.send_msg(to, msg);
+    }
+
+    /// Counts a message sent to process `node` by the host itself (a control message that
+    /// the termination waves must see land, such as the coordinator's `Go`).
+    pub(crate) fn shared_count_sent(&self, node: u16) {
+        if let Some(c) = self.shared.sent_to.get(node as usize) {
+            c.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Counts a host message from process `node` as handled here.
+    pub(crate) fn shared_count_handled(&self, node: u16) {
+        if let Some(c) = self.shared.handled_from.get(node as usize) {
+            c.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// This process's message counts (see [`Counts`]).
+    pub(crate) fn counts(&self) -> Counts {
+        let s = &self.shared;
+        let load = |v: &[AtomicU64]| v.iter().map(|c| c.load(Ordering::SeqCst)).collect();
+        Counts {
+            local_in_flight: s.in_flight.load(Ordering::SeqCst),
+            handled: s.handled.load(Ordering::SeqCst),
+            sent_to: load(&s.sent_to),
+            handled_from: load(&s.handled_from),
+        }
+    }
+
+    /// The first error of the run here, if any.
+    pub(crate) fn failure(&self) -> Option<String> {
+        if !self.shared.failed.load(Ordering::SeqCst) {
+            return None;
+        }
+        let e = self
+            .shared
+            .errors
+            .lock()
+            .map(|e| e.join("; "))
+            .unwrap_or_default();
+        Some(if e.is_empty() { "a failure".into() } else { e })
+    }
+
+    /// Waits until something changes here (a message handled, a failure), or `at_most`.
+    pub(crate) async fn changed(&self, at_most: Duration) {
+        let _ = tokio::time::timeout(at_most, self.shared.wake.notified()).await;
+    }
+
+    /// The merged report of this process's actors (errors recorded here among its
+    /// violations).
+    pub(crate) async fn report(&self) -> Result<Report, LiveError> {
+        let mut report = Report::default();
+        for (id, r) in &self.local {
+            let part = r
+                .call(Envelope::Report, Some(Duration::from_secs(60)))
+                .await
+                .map_err(|e| LiveError::Actor(format!("actor {}: {e}", id.0)))?;
+            let part = match part {
+                ractor::rpc::CallResult::Success(p) => p,
+                _ => return Err(LiveError::Actor(format!("actor {} did not report", id.0))),
+            };
+            report.merge(part);
+        }
+        if let Ok(e) = self.shared.errors.lock() {
+            report.violations.extend(e.iter().cloned());
+        }
+        Ok(report)
+    }
+
+    /// Messages, payload bytes, bytes fetched, frame bytes and frames sent to other
+    /// processes, so far.
+    pub(crate) fn totals(&self) -> [u64; 5] {
+        let s = &self.shared;
+        [
+            s.messages.load(Ordering::Relaxed),
+            s.bytes.load(Ordering::Relaxed),
+            s.fetched.load(Ordering::Relaxed),
+            s.wire_bytes.load(Ordering::Relaxed),
+            s.wire_frames.load(Ordering::Relaxed),
+        ]
+    }
+
+    /// Stops every shell here and waits for them.
+    pub(crate) async fn stop(self) {
+        for (_, r) in &self.local {
+            r.stop(None);
+        }
+        for j in self.joins {
+            let _ = j.await;
+        }
+    }
 }
 
 /// Runs `actors` (ids 0, 1, ... in order) until no message is left in flight, for at most
@@ -268,50 +566,14 @@ pub async fn run<M: Message>(
     seed: u64,
     max_wall: Duration,
 ) -> Result<LiveOutcome, LiveError> {
-    let shared = Arc::new(Shared {
-        started: Instant::now(),
-        peers: OnceLock::new(),
-        in_flight: AtomicU64::new(0),
-        failed: AtomicBool::new(false),
-        wake: tokio::sync::Notify::new(),
-        messages: AtomicU64::new(0),
-        bytes: AtomicU64::new(0),
-        fetched: AtomicU64::new(0),
-        errors: Mutex::new(Vec::new()),
-    });
     let n = actors.len();
-    let mut refs = Vec::with_capacity(n);
-    let mut joins = Vec::with_capacity(n);
+    let mut host = LocalHost::new(1, vec![Route::Gone; n], seed, None);
     for (i, actor) in actors.into_iter().enumerate() {
-        let state = ShellState {
-            actor,
-            me: ActorId(i as u32),
-            shared: Arc::clone(&shared),
-            rng: Stream::new(seed, streams::ACTOR_BASE + i as u64),
-        };
-        let (r, j) = RactorActor::spawn(None, Shell(std::marker::PhantomData), state)
-            .await
-            .map_err(|e| LiveError::Actor(e.to_string()))?;
-        refs.push(r);
-        joins.push(j);
-    }
-    let stop_all = |refs: &[ActorRef<Envelope<M>>]| {
-        for r in refs {
-            r.stop(None);
-        }
-    };
-    if shared.peers.set(refs.clone()).is_err() {
-        stop_all(&refs);
-        return Err(LiveError::Actor("peers set twice".into()));
+        host.add(ActorId(i as u32), actor).await?;
     }
     let started = Instant::now();
-    // Count every Start before delivering any, so that the count cannot touch zero early.
-    for _ in 0..n {
-        shared.sent();
-    }
-    for i in 0..n {
-        shared.deliver(ActorId(i as u32), Envelope::Start);
-    }
+    host.start();
+    let shared = Arc::clone(&host.shared);
     let over =
         || shared.in_flight.load(Ordering::SeqCst) == 0 || shared.failed.load(Ordering::SeqCst);
     let waited = tokio::time::timeout(max_wall, async {
@@ -321,10 +583,8 @@ pub async fn run<M: Message>(
     })
     .await;
     let wall = started.elapsed();
-    let errors = || shared.errors.lock().map(|e| e.clone()).unwrap_or_default();
-    if waited.is_err() || shared.failed.load(Ordering::SeqCst) {
-        stop_all(&refs);
-        let mut e = errors();
+    if waited.is_err() || host.failure().is_some() {
+        let mut e = host.failure().into_iter().collect::<Vec<_>>();
         if waited.is_err() {
             e.insert(
                 0,
@@ -334,25 +594,13 @@ pub async fn run<M: Message>(
                 ),
             );
         }
+        host.stop().await;
         return Err(LiveError::Actor(e.join("; ")));
     }
-    let mut report = Report::default();
-    for r in &refs {
-        let part = r
-            .call(Envelope::Report, Some(Duration::from_secs(60)))
-            .await
-            .map_err(|e| LiveError::Actor(e.to_string()))?;
-        let part = match part {
-            ractor::rpc::CallResult::Success(p) => p,
-            _ => return Err(LiveError::Actor("an actor did not report".into())),
-        };
-        report.merge(part);
-    }
-    stop_all(&refs);
-    for j in joins {
-        let _ = j.await;
-    }
-    report.violations.extend(errors());
+    let report = host.report().await;
+    let [messages, bytes, fetched, wire_bytes, wire_frames] = host.totals();
+    host.stop().await;
+    let report = report?;
     if let Some(first) = report.violations.first() {
         return Err(LiveError::Actor(format!(
             "{first} ({} violation(s) in all)",
@@ -362,9 +610,11 @@ pub async fn run<M: Message>(
     Ok(LiveOutcome {
         report,
         wall,
-        messages: shared.messages.load(Ordering::Relaxed),
-        bytes: shared.bytes.load(Ordering::Relaxed),
-        fetched: shared.fetched.load(Ordering::Relaxed),
+        messages,
+        bytes,
+        fetched,
+        wire_bytes,
+        wire_frames,
     })
 }
 

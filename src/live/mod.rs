@@ -14,7 +14,9 @@
 //! the host maps to a mailbox, so actors could later live in other processes under
 //! `ractor_cluster` once each system's messages are serializable.
 
+pub mod cluster;
 pub mod host;
+pub mod wire;
 
 /// What can go wrong on the live host.
 #[derive(Debug, thiserror::Error)]

@@ -26,7 +26,7 @@ pub use tier::Tier;
 use crate::units::Nanos;
 
 /// Everything recorded about one request.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RequestRecord {
     pub id: u32,
     pub arrival: Nanos,
@@ -101,8 +101,9 @@ impl RequestRecord {
     }
 }
 
-/// What the actors of one run report at its end.
-#[derive(Clone, Debug, Default)]
+/// What the actors of one run report at its end (serializable: the nodes of a run across
+/// processes send theirs to the coordinator, `crate::live::cluster`).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Report {
     pub records: Vec<RequestRecord>,
     pub instances: Vec<InstanceStats>,
@@ -116,7 +117,8 @@ pub struct Report {
     /// Live serving runs: the logits of each completed request's first token, by request id
     /// (to check that prefix reuse does not change the output).
     pub first_logits: Vec<(u32, Vec<f32>)>,
-    /// Requests the router sent to another instance after theirs crashed (faults).
+    /// Requests the router sent to another instance after theirs crashed (faults); pipeline
+    /// sessions the head started over after a shard was lost with its process.
     pub failovers: u64,
     /// Load groups that failed because their source lost its memory (faults).
     pub failed_loads: u64,

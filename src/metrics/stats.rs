@@ -4,7 +4,7 @@
 use crate::units::Nanos;
 
 /// Counters kept by the pool.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PoolStats {
     /// Registered blocks dropped to make room.
     pub evictions: u64,
@@ -13,7 +13,7 @@ pub struct PoolStats {
 }
 
 /// Counters of one instance, for results.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct InstanceStats {
     pub iterations: u64,
     pub busy: Nanos,
@@ -23,7 +23,7 @@ pub struct InstanceStats {
 }
 
 /// Counters over the whole run.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StoreStats {
     pub stored: u64,
     pub demoted: u64,
@@ -39,7 +39,7 @@ pub struct StoreStats {
 }
 
 /// What the store did over a run.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StoreReport {
     pub lookups: u64,
     pub stats: StoreStats,

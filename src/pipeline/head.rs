@@ -25,6 +25,9 @@ struct Active {
     target: u32,
 }
 
+/// The pass a session is on: its steps carry it, and a reply to an older pass is stale.
+type Attempt = u32;
+
 /// The client and head of a pipeline route. See the module doc.
 pub struct Head {
     cfg: HeadConfig,
@@ -32,6 +35,10 @@ pub struct Head {
     trace: Vec<PipelineRequest>,
     records: Vec<RequestRecord>,
     active: BTreeMap<u64, Active>,
+    /// Each request's current pass (0 until a shard is lost while it runs).
+    attempts: Vec<Attempt>,
+    /// Sessions started over after a shard was lost.
+    restarted: u64,
     waiting: VecDeque<u32>,
     arrived: usize,
     outputs: Vec<(u32, Vec<u32>)>,
@@ -52,6 +59,8 @@ impl Head {
         Head {
             cfg,
             shards,
+            attempts: vec![0; trace.len()],
+            restarted: 0,
             trace,
             records,
             active: BTreeMap::new(),
@@ -108,13 +117,34 @@ impl Head {
         self.send_step(id, req, ctx);
     }
 
-    fn send_step(&mut self, id: u32, req: ShardRequest, ctx: &mut dyn Context<Msg>) {
+    fn send_step(&mut self, id: u32, mut req: ShardRequest, ctx: &mut dyn Context<Msg>) {
+        req.attempt = self.attempts[id as usize];
         let bytes = req.input.bytes();
         self.records[id as usize].network_bytes += bytes;
         ctx.send(self.shards[0], Msg::Step(Box::new(req)), bytes);
     }
 
-    fn reply(&mut self, reply: ShardReply, ctx: &mut dyn Context<Msg>) {
+    fn reply(&mut self, reply: ShardReply, attempt: Attempt, ctx: &mut dyn Context<Msg>) {
+        let session = match &reply {
+            ShardReply::Token { session, .. }
+            | ShardReply::CacheMiss { session, .. }
+            | ShardReply::Failed { session, .. } => *session,
+            ShardReply::Forward(req) => req.session,
+        };
+        match self.attempts.get(session.0 as usize) {
+            Some(&current) if attempt < current => {
+                // The answer to a step sent before the session was started over: dropped.
+                return;
+            }
+            Some(&current) if attempt == current => {}
+            _ => {
+                self.violations.push(format!(
+                    "a reply for pass {attempt} of session {}, which is not running it",
+                    session.0
+                ));
+                return;
+            }
+        }
         let (session, outcome) = match reply {
             ShardReply::Token { session, token, .. } => (session, Ok(Some(token))),
             ShardReply::CacheMiss { session, .. } => (session, Ok(None)),
@@ -200,6 +230,28 @@ impl Head {
         }
     }
 
+    /// A shard was lost with whatever it held and computed: every running session starts
+    /// over with a full pass under the same session id (a re-prefill, as after a cache miss,
+    /// counted as a preemption), on its next attempt, so that replies to its earlier steps are
+    /// told apart and dropped.
+    fn lost(&mut self, actor: ActorId, ctx: &mut dyn Context<Msg>) {
+        if !self.shards.contains(&actor) {
+            return;
+        }
+        let ids: Vec<u64> = self.active.keys().copied().collect();
+        for id in ids {
+            let Some(a) = self.active.get_mut(&id) else {
+                continue;
+            };
+            a.phase = Phase::Full;
+            let req = a.g.full_request(a.g.first_mode());
+            self.attempts[id as usize] += 1;
+            self.records[id as usize].preemptions += 1;
+            self.restarted += 1;
+            self.send_step(id as u32, req, ctx);
+        }
+    }
+
     fn admit_waiting(&mut self, ctx: &mut dyn Context<Msg>) {
         if self.cfg.closed_loop {
             // The client whose request ended sends its next one now.
@@ -230,7 +282,8 @@ impl Actor<Msg> for Head {
     fn handle(&mut self, msg: Msg, ctx: &mut dyn Context<Msg>) {
         match msg {
             Msg::Arrival(ReqId(id)) => self.arrive(id, ctx),
-            Msg::Reply(r) => self.reply(*r, ctx),
+            Msg::Reply { reply, attempt } => self.reply(*reply, attempt, ctx),
+            Msg::Lost(actor) => self.lost(actor, ctx),
             other => self
                 .violations
                 .push(format!("the pipeline head got {other:?}")),
@@ -252,6 +305,7 @@ impl Actor<Msg> for Head {
 
     fn report(&self, report: &mut Report) {
         report.records.extend(self.records.iter().cloned());
+        report.failovers += self.restarted;
         let mut outputs = self.outputs.clone();
         outputs.sort();
         report.outputs.extend(outputs);

@@ -34,12 +34,14 @@
 //! request has generated a given number of tokens; the shard drops every session state (a
 //! restarted process with its weights still loaded), and the next decode step misses.
 
+pub mod cluster;
 mod head;
 pub mod msg;
 pub mod run;
 pub mod scenario;
 pub mod shard;
 mod shard_node;
+pub mod wire;
 
 pub use head::Head;
 pub use msg::Msg;

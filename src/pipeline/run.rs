@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 use candle_core::DType;
 
 use super::scenario::{Arrivals, CostSource, PipelineScenario, mode_name};
-use super::shard::{DecodeMode, Shard};
-use super::{Head, HeadConfig, Msg, PipelineRequest, ShardNode};
+use super::shard::DecodeMode;
+use super::{Head, HeadConfig, Msg, PipelineRequest};
 use crate::actor::{Actor, ActorId};
 use crate::backend::{CandleBackend, ModelBackend, SimBackend};
 use crate::exec::{WeightSource, default_device};
@@ -50,6 +50,11 @@ pub struct PipelineRun {
     pub summary: Summary,
     /// Wall-clock time of the run (console only).
     pub wall: Duration,
+    /// Bytes of the frames that crossed processes (runs across processes; console only).
+    pub wire_bytes: u64,
+    /// What happened to the processes of a run across them (set up, lost, placed again,
+    /// ended), with wall-clock times since the run started; empty otherwise.
+    pub timeline: Vec<(Duration, String)>,
 }
 
 /// The requests of `s`, sorted by arrival.
@@ -79,14 +84,9 @@ pub fn trace(s: &PipelineScenario) -> Vec<PipelineRequest> {
         .collect()
 }
 
-/// The head (id 0) and the shard actors (ids 1..) of `s` in `mode` over `backends`.
-pub fn actors(
-    s: &PipelineScenario,
-    mode: DecodeMode,
-    backends: Vec<Box<dyn ModelBackend>>,
-) -> Vec<Box<dyn Actor<Msg>>> {
-    let n = backends.len();
-    let ids: Vec<ActorId> = (1..=n).map(|i| ActorId(i as u32)).collect();
+/// The head of `s` in `mode` (actor 0), driving the shards `1..=layers`.
+pub fn head(s: &PipelineScenario, mode: DecodeMode) -> Box<dyn Actor<Msg>> {
+    let ids: Vec<ActorId> = (1..=s.layers.len()).map(|i| ActorId(i as u32)).collect();
     let cfg = HeadConfig {
         mode,
         max_active: s.max_active,
@@ -94,17 +94,20 @@ pub fn actors(
         closed_loop: s.workload.arrivals == Arrivals::ClosedLoop,
         restarts: s.restarts.clone(),
     };
-    let mut out: Vec<Box<dyn Actor<Msg>>> = vec![Box::new(Head::new(cfg, ids.clone(), trace(s)))];
-    for (i, b) in backends.into_iter().enumerate() {
-        let next = ids.get(i + 1).copied();
-        let shard = Shard::new(b, s.cache);
-        out.push(Box::new(ShardNode::new(
-            shard,
-            i,
-            next,
-            ActorId(0),
-            s.max_active,
-        )));
+    Box::new(Head::new(cfg, ids, trace(s)))
+}
+
+/// The head (id 0) and the shard actors (ids 1..) of `s` in `mode` over `backends`, built
+/// from the same [`super::cluster::ShardSpec`]s that a run across processes sends to its
+/// nodes.
+pub fn actors(
+    s: &PipelineScenario,
+    mode: DecodeMode,
+    backends: Vec<Box<dyn ModelBackend>>,
+) -> Vec<Box<dyn Actor<Msg>>> {
+    let mut out = vec![head(s, mode)];
+    for (spec, b) in super::cluster::specs(s).iter().zip(backends) {
+        out.push(spec.actor(b));
     }
     out
 }
@@ -160,6 +163,8 @@ pub fn simulate(s: &PipelineScenario, mode: DecodeMode) -> Result<PipelineRun, S
         report: out.report,
         summary,
         wall: started.elapsed(),
+        wire_bytes: 0,
+        timeline: Vec::new(),
     })
 }
 
@@ -198,20 +203,62 @@ pub async fn live(s: &PipelineScenario, mode: DecodeMode) -> Result<PipelineRun,
         report: out.report,
         summary,
         wall: out.wall,
+        wire_bytes: out.wire_bytes,
+        timeline: Vec::new(),
     })
 }
 
-/// Runs every mode at every point of `s` on the live host, one after another.
+/// Runs every mode at every point of `s` on the live host, one after another: in this
+/// process, or across the `meshsim node`s of `[live] nodes` (with the cluster's cookie).
 pub async fn live_all(s: &PipelineScenario) -> Result<Vec<PipelineRun>, LiveError> {
+    let mut coordinator = if s.nodes.is_empty() {
+        None
+    } else {
+        let Some(path) = &s.cookie_file else {
+            return Err(LiveError::Config(
+                "[live] nodes needs the cluster's cookie: [live] cookie_file or --cookie-file"
+                    .into(),
+            ));
+        };
+        let cookie = crate::live::cluster::read_cookie(path).map_err(LiveError::Config)?;
+        let max_frame = s
+            .runs()
+            .iter()
+            .map(|(_, p)| super::cluster::max_frame(p))
+            .max()
+            .unwrap_or(0);
+        Some(crate::live::cluster::Coordinator::connect(&s.nodes, cookie, max_frame).await?)
+    };
     let mut runs = Vec::new();
-    for (label, p) in s.runs() {
+    let mut result = Ok(());
+    'points: for (label, p) in s.runs() {
         for &m in &p.modes {
-            let mut r = live(p, m).await?;
-            r.summary.point = label.map(str::to_string);
-            runs.push(r);
+            let r = match coordinator.as_mut() {
+                Some(c) => {
+                    let r = super::cluster::live(p, m, c).await;
+                    for (t, what) in &c.timeline {
+                        tracing::info!("{:>9.3} s  {what}", t.as_secs_f64());
+                    }
+                    r
+                }
+                None => live(p, m).await,
+            };
+            match r {
+                Ok(mut r) => {
+                    r.summary.point = label.map(str::to_string);
+                    runs.push(r);
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break 'points;
+                }
+            }
         }
     }
-    Ok(runs)
+    if let Some(c) = &coordinator {
+        c.shutdown();
+    }
+    result.map(|()| runs)
 }
 
 /// Writes the results folder of `runs` of `s` (see [`crate::results::write_results_dir`]).

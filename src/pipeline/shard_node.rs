@@ -18,8 +18,8 @@ pub struct ShardNode {
     head: ActorId,
     queue: VecDeque<ShardRequest>,
     max_queue: usize,
-    /// The answer of the step in progress, sent when its work ends.
-    busy: Option<ShardReply>,
+    /// The answer of the step in progress and its pass (attempt), sent when its work ends.
+    busy: Option<(ShardReply, u32)>,
     busy_since: Nanos,
     /// The modelled duration of the step in progress (none on the live host, whose steps
     /// have run by the time the work starts).
@@ -58,6 +58,7 @@ impl ShardNode {
     fn process(&mut self, req: ShardRequest, ctx: &mut dyn Context<Msg>) {
         let now = ctx.now();
         let session = req.session;
+        let attempt = req.attempt;
         let (reply, duration) = match self.shard.handle(now, req) {
             Ok(h) => (h.reply, h.duration),
             Err(e) => (
@@ -69,7 +70,7 @@ impl ShardNode {
             ),
         };
         self.steps += 1;
-        self.busy = Some(reply);
+        self.busy = Some((reply, attempt));
         self.busy_since = now;
         self.busy_for = duration;
         ctx.start(
@@ -79,7 +80,7 @@ impl ShardNode {
     }
 
     fn finish(&mut self, ctx: &mut dyn Context<Msg>) {
-        let Some(reply) = self.busy.take() else {
+        let Some((reply, attempt)) = self.busy.take() else {
             self.violations
                 .push(format!("shard {}: work ended while idle", self.index));
             return;
@@ -87,21 +88,34 @@ impl ShardNode {
         // Busy for the step's own duration: not the time it waited for a shared device.
         // Live steps ran inside `process`, so their wall time since then is the measure.
         self.busy_total += self.busy_for.unwrap_or(ctx.now() - self.busy_since);
+        let reply_msg = |r: ShardReply| Msg::Reply {
+            reply: Box::new(r),
+            attempt,
+        };
         match (reply, self.next) {
             (ShardReply::Forward(req), Some(next)) => {
                 let bytes = req.input.bytes();
                 ctx.send(next, Msg::Step(Box::new(req)), bytes);
             }
-            (r @ ShardReply::Token { .. }, _) => ctx.send(self.head, Msg::Reply(Box::new(r)), 4),
+            // The head keeps the token only: the logits stay here (across processes they
+            // would cost the vocabulary x 4 bytes per token on the wire).
+            (ShardReply::Token { session, token, .. }, _) => {
+                let r = ShardReply::Token {
+                    session,
+                    token,
+                    logits: None,
+                };
+                ctx.send(self.head, reply_msg(r), 4)
+            }
             (r @ ShardReply::CacheMiss { .. }, _) => {
-                ctx.send(self.head, Msg::Reply(Box::new(r)), MISS_REPLY_BYTES)
+                ctx.send(self.head, reply_msg(r), MISS_REPLY_BYTES)
             }
             (r, _) => {
                 let bytes = match &r {
                     ShardReply::Failed { error, .. } => error.len() as u64,
                     _ => 0,
                 };
-                ctx.send(self.head, Msg::Reply(Box::new(r)), bytes)
+                ctx.send(self.head, reply_msg(r), bytes)
             }
         }
         if let Some(req) = self.queue.pop_front() {
@@ -119,18 +133,21 @@ impl Actor<Msg> for ShardNode {
                 } else if self.queue.len() < self.max_queue {
                     self.queue.push_back(*req);
                 } else {
-                    let session = req.session;
+                    let (session, attempt) = (req.session, req.attempt);
                     self.violations.push(format!(
                         "shard {}: more than {} steps waiting",
                         self.index, self.max_queue
                     ));
                     let error = format!("shard {}: queue full", self.index);
-                    let r = ShardReply::Failed { session, error };
-                    ctx.send(self.head, Msg::Reply(Box::new(r)), 0);
+                    let reply = Box::new(ShardReply::Failed { session, error });
+                    ctx.send(self.head, Msg::Reply { reply, attempt }, 0);
                 }
             }
             Msg::WorkDone => self.finish(ctx),
             Msg::Restart => self.shard.restart(),
+            // Another actor's loss: what this shard holds of the sessions stays valid (a
+            // re-prefill replaces it; a stale decode misses).
+            Msg::Lost(_) => {}
             other => self
                 .violations
                 .push(format!("shard {} got {other:?}", self.index)),

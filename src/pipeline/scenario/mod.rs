@@ -135,6 +135,11 @@ pub struct PipelineScenario {
     pub max_wall: Duration,
     /// The points of the scenario's `[sweep]`; empty when nothing is swept.
     pub points: Vec<PipelinePoint>,
+    /// `[live] nodes`: the `meshsim node` processes (`HOST:PORT`) a live run places its
+    /// shards on (`crate::pipeline::cluster`); empty: one process.
+    pub nodes: Vec<String>,
+    /// `[live] cookie_file`, resolved against the scenario's folder.
+    pub cookie_file: Option<PathBuf>,
 }
 
 /// One point of a sweep.
@@ -331,6 +336,8 @@ fn validate(
     crate::scenario::fault::refuse(&c, &faults, "pipeline", &serving_only)?;
     let restarts = tables::restarts(&c, p, &r.workload, layers.len(), &faults)?;
     let (limits, max_wall) = tables::limits(&c, &r.limits)?;
+    let nodes = live_nodes(&c, &r.live.nodes)?;
+    let cookie_file = r.live.cookie_file.as_ref().map(|f| dir.join(f));
     Ok(PipelineScenario {
         name,
         text: text.to_string(),
@@ -352,5 +359,38 @@ fn validate(
         limits,
         max_wall,
         points: Vec::new(),
+        nodes,
+        cookie_file,
     })
+}
+
+/// Most `meshsim node`s a run may name.
+pub const MAX_NODES: usize = 256;
+
+/// Checks `[live] nodes` (or `--nodes`): each `HOST:PORT` with a port, none twice, at most
+/// [`MAX_NODES`].
+pub(crate) fn live_nodes(c: &Check<'_>, nodes: &[String]) -> Result<Vec<String>, ScenarioError> {
+    if nodes.len() > MAX_NODES {
+        return Err(c.err(
+            "live.nodes",
+            format!("{} nodes; at most {MAX_NODES}", nodes.len()),
+        ));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for n in nodes {
+        let port = n.rsplit_once(':').map(|(h, p)| (h, p.parse::<u16>()));
+        match port {
+            Some((h, Ok(p))) if !h.is_empty() && p != 0 => {}
+            _ => {
+                return Err(c.err(
+                    "live.nodes",
+                    format!("{n:?} is not HOST:PORT (e.g. \"127.0.0.1:7001\")"),
+                ));
+            }
+        }
+        if !seen.insert(n.as_str()) {
+            return Err(c.err("live.nodes", format!("{n} is named twice")));
+        }
+    }
+    Ok(nodes.to_vec())
 }

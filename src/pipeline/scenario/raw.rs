@@ -25,6 +25,19 @@ pub(super) struct Raw {
     /// `[[fault]]`: only `shard-restart` for pipelines.
     #[serde(default)]
     pub(super) fault: Vec<crate::scenario::fault::RawFault>,
+    /// `[live]`: where a live run's shards go (`meshsim node` processes).
+    #[serde(default)]
+    pub(super) live: RawLive,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLive {
+    /// `HOST:PORT` of each `meshsim node`; empty: every actor in this process.
+    #[serde(default)]
+    pub(super) nodes: Vec<String>,
+    /// The cluster's cookie, relative to the scenario's folder.
+    pub(super) cookie_file: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, PartialOrd, Ord)]

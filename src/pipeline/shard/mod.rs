@@ -45,6 +45,11 @@ pub struct ShardRequest {
     pub input: Activation,
     /// Tokens in the sequence once this step's input is included.
     pub seq_len: usize,
+    /// Which pass of the session the head is on: it starts at 0 and grows each time the
+    /// head starts the session over after losing a shard (`crate::pipeline::Msg::Lost`), so
+    /// that a reply to a step sent before the loss is told apart and dropped. Shards copy it
+    /// from a step to the step they forward.
+    pub attempt: u32,
 }
 
 impl ShardRequest {
@@ -275,6 +280,7 @@ impl Generation {
             mode,
             input: Activation::tokens(self.tokens.clone()),
             seq_len: self.tokens.len(),
+            attempt: 0,
         }
     }
 
@@ -289,6 +295,7 @@ impl Generation {
             mode: Mode::Decode,
             input: Activation::tokens(vec![newest]),
             seq_len: self.tokens.len(),
+            attempt: 0,
         })
     }
 
@@ -565,6 +572,7 @@ mod tests {
             mode: Mode::Decode,
             input: Activation::tokens(vec![1, 2]),
             seq_len: 2,
+            attempt: 0,
         };
         assert!(matches!(
             r.shard_mut(0).handle(Nanos::ZERO, req),

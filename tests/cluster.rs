@@ -1,0 +1,290 @@
+//! Live pipeline runs across processes (`meshsim node`, `meshsim::live::cluster`), on
+//! 127.0.0.1 only: every test starts its own node processes on free ports and kills them at
+//! its end, and every run is bounded in wall-clock time.
+//!
+//! One test function runs the cases one after another, so that the nodes (and candle) never
+//! compete with each other for this machine's cores, and so that one process runs one
+//! `ractor_cluster` node server at a time.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use meshsim::pipeline::run::{PipelineRun, live_all};
+use meshsim::pipeline::scenario::PipelineScenario;
+
+/// A `meshsim node` child process and what it printed.
+struct Node {
+    child: Child,
+    addr: String,
+    log: Arc<Mutex<String>>,
+}
+
+impl Node {
+    fn start(cookie: &Path) -> Node {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_meshsim"))
+            .args(["node", "--listen", "127.0.0.1:0", "--cookie-file"])
+            .arg(cookie)
+            .arg("-v")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start meshsim node");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = Arc::clone(&log);
+        // Drain the node's stderr for as long as it lives (a full pipe would block it).
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(a) = line.strip_prefix("meshsim node listening at ") {
+                    let _ = tx.send(a.trim().to_string());
+                }
+                let mut l = sink.lock().unwrap();
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the node prints its address");
+        Node { child, addr, log }
+    }
+
+    fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    fn kill(&mut self) {
+        // SIGKILL on Unix.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn cookie(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    let mut f = std::fs::File::create(&p).unwrap();
+    writeln!(f, "{text}").unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    p
+}
+
+/// The `small` model (8 layers, hidden 512) in 2 shards; 4 requests of 48 prompt tokens and
+/// `output` tokens, two sessions at a time.
+fn scenario(nodes: &[&Node], cookie: Option<&Path>, output: u32) -> PipelineScenario {
+    let text = scenario_text(nodes, cookie, output);
+    PipelineScenario::parse("cluster.toml", "cluster", Path::new("."), &text)
+        .unwrap_or_else(|e| panic!("{e}\n{text}"))
+}
+
+fn scenario_text(nodes: &[&Node], cookie: Option<&Path>, output: u32) -> String {
+    let mut text = format!(
+        "name = \"cluster\"\nseed = 5\npolicies = [\"cached\"]\nmode = \"live\"\n\n\
+         [pipeline]\nmodel = \"small\"\nshards = 2\nmax_active_sessions = 2\n\
+         cost = \"analytic\"\n\
+         [pipeline.gpu]\nname = \"cpu\"\nmemory_gib = 8.0\nmemory_bandwidth_gb_per_s = 10.0\n\
+         peak_tflops = 0.2\ncompute_efficiency = 0.5\nmemory_efficiency = 0.5\n\
+         [pipeline.link]\nbandwidth_gb_per_s = 1.0\nlatency_us = 50.0\n\n\
+         [workload]\nrequests = 4\nprompt_tokens = 48\noutput_tokens = {output}\n\
+         closed_loop = true\n\n[limits]\nmax_wall_s = 120.0\n"
+    );
+    if !nodes.is_empty() {
+        let list: Vec<String> = nodes.iter().map(|n| format!("\"{}\"", n.addr)).collect();
+        text += &format!("\n[live]\nnodes = [{}]\n", list.join(", "));
+        if let Some(c) = cookie {
+            text += &format!("cookie_file = \"{}\"\n", c.display());
+        }
+    }
+    text
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn one(runs: Vec<PipelineRun>) -> PipelineRun {
+    assert_eq!(runs.len(), 1);
+    runs.into_iter().next().unwrap()
+}
+
+/// Per request: its id, output tokens and network bytes between the actors.
+type Rows = Vec<(u32, u32, u64)>;
+/// Per request: the tokens it generated.
+type Outputs = Vec<(u32, Vec<u32>)>;
+
+/// What must not change across processes: the rows and the tokens.
+fn fingerprint(r: &PipelineRun) -> (Rows, Outputs) {
+    let rows = r
+        .report
+        .records
+        .iter()
+        .map(|x| (x.id, x.output_tokens, x.network_bytes))
+        .collect();
+    (rows, r.report.outputs.clone())
+}
+
+#[test]
+fn pipeline_routes_across_meshsim_node_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = cookie(dir.path(), "cookie", "the-cluster-cookie-0123456789");
+    let rt = runtime();
+
+    // The reference: every actor in this process.
+    let alone = one(rt.block_on(live_all(&scenario(&[], None, 24))).unwrap());
+    let (rows, outputs) = fingerprint(&alone);
+    assert_eq!(outputs.len(), 4);
+    assert!(outputs.iter().all(|(_, t)| t.len() == 24));
+
+    let mut n1 = Node::start(&good);
+    let mut n2 = Node::start(&good);
+    let mut n3 = Node::start(&good);
+
+    // 1. Across processes, undisturbed: the head here, shard 0 on n1, shard 1 on n2 (n3 is
+    //    a spare): the same tokens and the same bytes between the actors as in one process,
+    //    and frames really crossed the sockets.
+    let s = scenario(&[&n1, &n2, &n3], Some(&good), 24);
+    let across = one(rt.block_on(live_all(&s)).unwrap());
+    assert_eq!(fingerprint(&across), (rows.clone(), outputs.clone()));
+    assert_eq!(across.report.failovers, 0);
+    let payload: u64 = across.report.records.iter().map(|r| r.network_bytes).sum();
+    assert!(
+        across.wire_bytes > payload,
+        "frames {} B, payload between head and shards {} B",
+        across.wire_bytes,
+        payload
+    );
+
+    // 2. A wrong cookie is refused, and the node keeps serving.
+    let bad = cookie(dir.path(), "bad", "not-the-cookie");
+    let s_bad = scenario(&[&n1], Some(&bad), 4);
+    let started = Instant::now();
+    let e = rt.block_on(live_all(&s_bad)).unwrap_err().to_string();
+    assert!(e.contains("cookie"), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert!(n1.alive());
+
+    // 3. Malformed frames from an authenticated peer, and garbage on the raw socket: logged,
+    //    dropped, the connection closed; the node lives and serves the next run.
+    let cookie_text = std::fs::read_to_string(&good).unwrap().trim().to_string();
+    let mut valid_header = b"MSHW".to_vec();
+    valid_header.extend_from_slice(&1u16.to_le_bytes());
+    valid_header.extend_from_slice(&42u64.to_le_bytes());
+    let mut huge_len = valid_header.clone();
+    huge_len.extend_from_slice(&[4, 0xff, 0xff, 0xff, 0xff, 0x0f]);
+    let frames = vec![vec![], b"hello".to_vec(), valid_header.clone(), huge_len, {
+        let mut v = valid_header.clone();
+        v.extend(std::iter::repeat_n(0xa5u8, 300));
+        v
+    }];
+    rt.block_on(meshsim::live::cluster::send_raw_frames(
+        &n1.addr,
+        cookie_text,
+        frames,
+    ))
+    .unwrap();
+    {
+        let mut tcp = std::net::TcpStream::connect(&n1.addr).unwrap();
+        let _ = tcp.write_all(&[0xffu8; 64]);
+        let _ = tcp.write_all(&u64::MAX.to_be_bytes());
+        let _ = tcp.write_all(b"garbage after a huge length");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(n1.alive(), "{}", n1.log());
+    assert!(n1.log().contains("malformed frame"), "{}", n1.log());
+    assert!(n1.log().contains("closing the connection"), "{}", n1.log());
+    let again = one(rt.block_on(live_all(&s)).unwrap());
+    assert_eq!(fingerprint(&again).1, outputs);
+
+    // 4. SIGKILL the process of shard 1 in the middle of the generation: the coordinator
+    //    sees its connection close, places the shard on the spare n3, the head re-prefills
+    //    its running sessions under the same session ids, and the tokens are those of an
+    //    undisturbed run.
+    let s_long = scenario(&[&n1, &n2, &n3], Some(&good), 40);
+    let alone_long = one(rt.block_on(live_all(&scenario(&[], None, 40))).unwrap());
+    let n2_log = Arc::clone(&n2.log);
+    let runs_before = n2.log().matches("actors started").count();
+    let n2_pid = n2.child.id();
+    let killer = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while n2_log.lock().unwrap().matches("actors started").count() == runs_before {
+            assert!(Instant::now() < deadline, "the run never started on node 2");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // A few tokens into the generation.
+        std::thread::sleep(Duration::from_millis(400));
+        let killed = Instant::now();
+        // SAFETY: signalling our own child process.
+        unsafe { libc::kill(n2_pid as i32, libc::SIGKILL) };
+        killed
+    });
+    let faulted = one(rt.block_on(live_all(&s_long)).unwrap());
+    let _ = killer.join().unwrap();
+    n2.kill();
+    assert!(
+        faulted.report.failovers > 0,
+        "the kill landed outside the generation: no session was started over"
+    );
+    assert_eq!(faulted.report.outputs, alone_long.report.outputs);
+    for r in &faulted.report.records {
+        assert_eq!(r.output_tokens, 40, "request {}", r.id);
+    }
+    let timeline: Vec<String> = faulted
+        .timeline
+        .iter()
+        .map(|(t, what)| format!("{:>8.3} s  {what}", t.as_secs_f64()))
+        .collect();
+    println!("the fault run's timeline:\n{}", timeline.join("\n"));
+    let text = timeline.join("\n");
+    assert!(text.contains("node 2") && text.contains("lost"), "{text}");
+    assert!(text.contains("actor 2 placed again on node 3"), "{text}");
+    assert!(n1.alive() && n3.alive());
+    drop((n1, n3));
+
+    // 5. scripts/live_cluster.sh, as a user runs it, with both hosts on this machine: it
+    //    starts two nodes, runs the scenario across them and stops them.
+    let file = dir.path().join("cluster.toml");
+    std::fs::write(&file, scenario_text(&[], None, 4)).unwrap();
+    let out = dir.path().join("out");
+    let port = 20_000 + (std::process::id() % 20_000) as u16;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/live_cluster.sh");
+    let o = Command::new("bash")
+        .arg(&script)
+        .arg(&file)
+        .args(["--quiet", "--out"])
+        .arg(&out)
+        .env("MESHSIM", env!("CARGO_BIN_EXE_meshsim"))
+        .env("COOKIE", &good)
+        .env("PORT", port.to_string())
+        .env("HOSTS", "127.0.0.1 127.0.0.1")
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let csv = std::fs::read_to_string(out.join("requests.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 1 + 4, "{csv}");
+}
