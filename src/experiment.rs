@@ -135,6 +135,12 @@ impl Experiment {
                 for p in &mut s.points {
                     apply(&mut p.scenario);
                 }
+                if nodes.is_some() && !s.live {
+                    return Err(c.err(
+                        "live.nodes",
+                        "--nodes places a live run: give --live (or mode = \"live\")",
+                    ));
+                }
                 Ok(())
             }
             Experiment::Serving(_) if nodes.is_some() || cookie_file.is_some() => Err(c.err(

@@ -54,7 +54,7 @@ enum Command {
         points: Option<String>,
         /// Live pipeline runs: place the shards on these `meshsim node`s (HOST:PORT,
         /// comma-separated) instead of `[live] nodes`.
-        #[arg(long, value_name = "ADDRS", requires = "live")]
+        #[arg(long, value_name = "ADDRS")]
         nodes: Option<String>,
         /// The cluster's cookie file (instead of `[live] cookie_file`).
         #[arg(long, value_name = "FILE")]

@@ -24,10 +24,15 @@ struct Node {
 
 impl Node {
     fn start(cookie: &Path) -> Node {
+        Node::start_with(cookie, &[])
+    }
+
+    fn start_with(cookie: &Path, extra: &[&str]) -> Node {
         let mut child = Command::new(env!("CARGO_BIN_EXE_meshsim"))
             .args(["node", "--listen", "127.0.0.1:0", "--cookie-file"])
             .arg(cookie)
             .arg("-v")
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -183,6 +188,19 @@ fn pipeline_routes_across_meshsim_node_processes() {
     assert!(e.contains("cookie"), "{e}");
     assert!(started.elapsed() < Duration::from_secs(20));
     assert!(n1.alive());
+
+    // 2b. A node whose frame limit is below the scenario's largest message (a 600-token
+    //     prefill's activation, 1.2 MB) is refused before the run, naming the flag to give.
+    let mut small = Node::start_with(&good, &["--max-frame-mib", "1"]);
+    let text = scenario_text(&[&small], Some(&good), 4).replace(
+        "prompt_tokens = 48",
+        "prompt_tokens = 600",
+    );
+    let s_big = PipelineScenario::parse("big.toml", "big", Path::new("."), &text).unwrap();
+    let e = rt.block_on(live_all(&s_big)).unwrap_err().to_string();
+    assert!(e.contains("--max-frame-mib 2"), "{e}");
+    assert!(small.alive());
+    small.kill();
 
     // 3. Malformed frames from an authenticated peer, and garbage on the raw socket: logged,
     //    dropped, the connection closed; the node lives and serves the next run.

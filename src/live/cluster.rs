@@ -306,10 +306,12 @@ impl Net {
         })
     }
 
-    /// Stops the node server and the agent.
-    pub fn shutdown(&self) {
-        self.agent.stop(None);
-        self.server.stop(None);
+    /// Stops the agent and the node server, and waits for them (a node server stopped only
+    /// by the runtime's end would try to restart its listener meanwhile).
+    pub async fn shutdown(&self) {
+        let wait = Some(Duration::from_secs(5));
+        let _ = self.agent.stop_and_wait(None, wait).await;
+        let _ = self.server.stop_and_wait(None, wait).await;
     }
 
     /// The agent of the process whose incarnation is `inc`, once its group is visible.
@@ -334,6 +336,7 @@ impl Net {
         ractor_cluster::client_connect(&self.server, sa)
             .await
             .map_err(|e| {
+                let e = connect_error(e);
                 format!("cannot connect to node {addr}: {e} (is `meshsim node` running there?)")
             })?;
         let deadline = Instant::now() + CONNECT_TIMEOUT;
@@ -388,7 +391,10 @@ impl Net {
                 .ok_or_else(|| format!("node {addr}: no address"))?;
             ractor_cluster::client_connect(&self.server, sa)
                 .await
-                .map_err(|e| format!("cannot connect to node {addr}: {e}"))?;
+                .map_err(|e| {
+                    let e = connect_error(e);
+                    format!("cannot connect to node {addr}: {e}")
+                })?;
         }
         let deadline = Instant::now() + CONNECT_TIMEOUT;
         loop {
@@ -411,6 +417,15 @@ impl Net {
             tracing::warn!("closing the connection to {}: {why}", s.peer_addr);
             s.actor.stop(Some(why.to_string()));
         }
+    }
+}
+
+/// A connection error in words (ractor_cluster's own Display is its Debug).
+fn connect_error(e: ractor_cluster::ClientConnectErr) -> String {
+    match e {
+        ractor_cluster::ClientConnectErr::Socket(io)
+        | ractor_cluster::ClientConnectErr::Encryption(io) => io.to_string(),
+        other => other.to_string(),
     }
 }
 
@@ -513,6 +528,27 @@ impl Coordinator {
         let cfg = |e: String| LiveError::Config(e);
         let here: SocketAddr = "127.0.0.1:0".parse().map_err(|e| cfg(format!("{e}")))?;
         let mut net = Net::start(here, cookie, max_frame).await.map_err(cfg)?;
+        match Coordinator::greet(&mut net, addrs, max_frame).await {
+            Ok(nodes) => Ok(Coordinator {
+                net,
+                nodes,
+                runs: 0,
+                timeline: Vec::new(),
+            }),
+            Err(e) => {
+                net.shutdown().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Dials and greets every node of `addrs`: `(incarnation, address, agent, frame limit)`.
+    async fn greet(
+        net: &mut Net,
+        addrs: &[String],
+        max_frame: u64,
+    ) -> Result<Vec<(u64, String, ActorRef<AgentMsg>, u64)>, LiveError> {
+        let cfg = |e: String| LiveError::Config(e);
         let mut nodes = Vec::new();
         for addr in addrs {
             let (_, agent) = net.dial(addr).await.map_err(cfg)?;
@@ -557,12 +593,7 @@ impl Coordinator {
             }
             nodes.push((inc, addr.clone(), agent, theirs));
         }
-        Ok(Coordinator {
-            net,
-            nodes,
-            runs: 0,
-            timeline: Vec::new(),
-        })
+        Ok(nodes)
     }
 
     /// Node addresses, in order (node 1 first).
@@ -570,8 +601,8 @@ impl Coordinator {
         self.nodes.iter().map(|n| n.1.clone()).collect()
     }
 
-    pub fn shutdown(&self) {
-        self.net.shutdown();
+    pub async fn shutdown(&self) {
+        self.net.shutdown().await;
     }
 
     fn frame_to(&self, node: u16, f: &Frame, limit: u64) -> Result<(), LiveError> {
@@ -1383,7 +1414,7 @@ pub async fn send_raw_frames(
         let _ = agent.cast(AgentMsg::Frame(f));
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    net.shutdown();
+    net.shutdown().await;
     Ok(())
 }
 

@@ -256,7 +256,7 @@ pub async fn live_all(s: &PipelineScenario) -> Result<Vec<PipelineRun>, LiveErro
         }
     }
     if let Some(c) = &coordinator {
-        c.shutdown();
+        c.shutdown().await;
     }
     result.map(|()| runs)
 }

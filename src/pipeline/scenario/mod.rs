@@ -290,6 +290,16 @@ impl PipelineScenario {
                 ),
             ));
         }
+        if !self.nodes.is_empty() {
+            // Across processes: the cookie must be there and private before anything starts.
+            let Some(path) = &self.cookie_file else {
+                return Err(c.err(
+                    "live.cookie_file",
+                    "[live] nodes needs the cluster's cookie: cookie_file, or --cookie-file",
+                ));
+            };
+            crate::live::cluster::read_cookie(path).map_err(|e| c.err("live.cookie_file", e))?;
+        }
         for p in &self.points {
             p.scenario.check_live(file)?;
         }
