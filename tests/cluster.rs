@@ -192,10 +192,8 @@ fn pipeline_routes_across_meshsim_node_processes() {
     // 2b. A node whose frame limit is below the scenario's largest message (a 600-token
     //     prefill's activation, 1.2 MB) is refused before the run, naming the flag to give.
     let mut small = Node::start_with(&good, &["--max-frame-mib", "1"]);
-    let text = scenario_text(&[&small], Some(&good), 4).replace(
-        "prompt_tokens = 48",
-        "prompt_tokens = 600",
-    );
+    let text = scenario_text(&[&small], Some(&good), 4)
+        .replace("prompt_tokens = 48", "prompt_tokens = 600");
     let s_big = PipelineScenario::parse("big.toml", "big", Path::new("."), &text).unwrap();
     let e = rt.block_on(live_all(&s_big)).unwrap_err().to_string();
     assert!(e.contains("--max-frame-mib 2"), "{e}");

@@ -364,6 +364,33 @@ pub struct LiveOutcome {
     pub wire_frames: u64,
 }
 
+impl LiveOutcome {
+    /// The outcome of a run whose actors reported `report` (an error if it holds a
+    /// violation), with the totals of [`LocalHost::totals`] (summed over processes).
+    pub(crate) fn new(
+        report: Report,
+        wall: Duration,
+        totals: [u64; 5],
+    ) -> Result<LiveOutcome, LiveError> {
+        if let Some(first) = report.violations.first() {
+            return Err(LiveError::Actor(format!(
+                "{first} ({} violation(s) in all)",
+                report.violations.len()
+            )));
+        }
+        let [messages, bytes, fetched, wire_bytes, wire_frames] = totals;
+        Ok(LiveOutcome {
+            report,
+            wall,
+            messages,
+            bytes,
+            fetched,
+            wire_bytes,
+            wire_frames,
+        })
+    }
+}
+
 /// The actors of a run that live in this process: their shells, routes to every actor of
 /// the run, and the counts of messages in flight. [`run`] uses one for a whole run;
 /// `super::cluster` one per process of a run.
@@ -598,24 +625,9 @@ pub async fn run<M: Message>(
         return Err(LiveError::Actor(e.join("; ")));
     }
     let report = host.report().await;
-    let [messages, bytes, fetched, wire_bytes, wire_frames] = host.totals();
+    let totals = host.totals();
     host.stop().await;
-    let report = report?;
-    if let Some(first) = report.violations.first() {
-        return Err(LiveError::Actor(format!(
-            "{first} ({} violation(s) in all)",
-            report.violations.len()
-        )));
-    }
-    Ok(LiveOutcome {
-        report,
-        wall,
-        messages,
-        bytes,
-        fetched,
-        wire_bytes,
-        wire_frames,
-    })
+    LiveOutcome::new(report?, wall, totals)
 }
 
 #[cfg(test)]

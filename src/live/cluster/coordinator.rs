@@ -1,0 +1,588 @@
+//! The coordinator of a run across processes: it sets the run up on its nodes, hosts its
+//! own actors, detects the end of the run in waves, and places a lost node's actors again.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use ractor::ActorRef;
+
+use super::net::*;
+use super::*;
+use crate::actor::ActorId;
+use crate::live::LiveError;
+use crate::live::host::{LiveOutcome, LocalHost, Outbound, Route};
+use crate::live::wire::{Counts, Frame, Placed, Setup, WireMessage, decode_frame};
+use crate::metrics::Report;
+
+/// A coordinator's connections to its nodes, kept for every run of one command.
+pub struct Coordinator {
+    net: Net,
+    /// `(incarnation, address, agent)` of node 1, 2, ...
+    nodes: Vec<(u64, String, ActorRef<AgentMsg>, u64)>,
+    runs: u64,
+    /// What happened during the last run, with times since its start (for the console).
+    pub timeline: Vec<(Duration, String)>,
+}
+
+impl Coordinator {
+    /// Connects to every node of `addrs` with `cookie`; the run's frames are at most
+    /// `max_frame` bytes, which every node must accept.
+    pub async fn connect(
+        addrs: &[String],
+        cookie: String,
+        max_frame: u64,
+    ) -> Result<Coordinator, LiveError> {
+        let cfg = |e: String| LiveError::Config(e);
+        let here: SocketAddr = "127.0.0.1:0".parse().map_err(|e| cfg(format!("{e}")))?;
+        let mut net = Net::start(here, cookie, max_frame).await.map_err(cfg)?;
+        match Coordinator::greet(&mut net, addrs, max_frame).await {
+            Ok(nodes) => Ok(Coordinator {
+                net,
+                nodes,
+                runs: 0,
+                timeline: Vec::new(),
+            }),
+            Err(e) => {
+                net.shutdown().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Dials and greets every node of `addrs`: `(incarnation, address, agent, frame limit)`.
+    pub(super) async fn greet(
+        net: &mut Net,
+        addrs: &[String],
+        max_frame: u64,
+    ) -> Result<Vec<(u64, String, ActorRef<AgentMsg>, u64)>, LiveError> {
+        let cfg = |e: String| LiveError::Config(e);
+        let mut nodes = Vec::new();
+        for addr in addrs {
+            let (_, agent) = net.dial(addr).await.map_err(cfg)?;
+            let nonce = net.incarnation ^ nodes.len() as u64;
+            send_frame(&agent, net.incarnation, &Frame::Hello { nonce }, max_frame)
+                .map_err(|e| cfg(e.to_string()))?;
+            let deadline = Instant::now() + CONNECT_TIMEOUT;
+            let ack = loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let Ok(Some(m)) = tokio::time::timeout(left, net.frames.recv()).await else {
+                    return Err(cfg(format!("node {addr} did not answer")));
+                };
+                let AgentMsg::Frame(b) = m else { continue };
+                match decode_frame(&b, max_frame) {
+                    Ok((
+                        inc,
+                        Frame::HelloAck {
+                            nonce: n,
+                            max_frame: theirs,
+                            busy_with,
+                            ..
+                        },
+                    )) if n == nonce => {
+                        break (inc, theirs, busy_with);
+                    }
+                    Ok(_) => continue,
+                    Err(e) => tracing::warn!("a malformed frame from node {addr}: {e}"),
+                }
+            };
+            let (inc, theirs, busy) = ack;
+            if let Some(run) = busy {
+                return Err(cfg(format!(
+                    "node {addr} is busy with run {run:016x} of another coordinator"
+                )));
+            }
+            if theirs < max_frame {
+                return Err(cfg(format!(
+                    "the scenario's largest message needs frames of {max_frame} bytes; node \
+                     {addr} accepts at most {theirs} (start it with --max-frame-mib {})",
+                    max_frame.div_ceil(1 << 20)
+                )));
+            }
+            nodes.push((inc, addr.clone(), agent, theirs));
+        }
+        Ok(nodes)
+    }
+
+    /// Node addresses, in order (node 1 first).
+    pub fn addresses(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.1.clone()).collect()
+    }
+
+    pub async fn shutdown(&self) {
+        self.net.shutdown().await;
+    }
+
+    pub(super) fn frame_to(&self, node: u16, f: &Frame, limit: u64) -> Result<(), LiveError> {
+        let agent = &self.nodes[node as usize - 1].2;
+        send_frame(agent, self.net.incarnation, f, limit)
+            .map(|_| ())
+            .map_err(|e| LiveError::Actor(e.to_string()))
+    }
+
+    /// Runs the actors of `placement` across this coordinator's processes until no message
+    /// is left in flight anywhere, for at most `max_wall` (see the module doc).
+    pub async fn run<S: System>(
+        &mut self,
+        placement: Placement<S::Msg>,
+        seed: u64,
+        max_frame: u64,
+        max_wall: Duration,
+    ) -> Result<LiveOutcome, LiveError> {
+        self.runs += 1;
+        self.timeline.clear();
+        let run = self.net.incarnation.rotate_left(16) ^ self.runs;
+        let n_actors = placement.local.len() + placement.remote.len();
+        let procs = self.nodes.len() + 1;
+        let mut home = vec![0u16; n_actors];
+        for (&id, (node, _)) in &placement.remote {
+            home[id as usize] = *node;
+        }
+        let mut nodes_list = vec![(self.net.incarnation, self.net.listen.to_string())];
+        nodes_list.extend(self.nodes.iter().map(|n| (n.0, n.1.clone())));
+        let start = Instant::now();
+        let mut alive = vec![true; procs];
+        let result = self
+            .drive::<S>(
+                run, placement, seed, max_frame, max_wall, home, nodes_list, &mut alive, start,
+            )
+            .await;
+        // End the run everywhere and wait for the nodes to drop it, so that the next run (or
+        // the end of this process) does not overtake the End.
+        let live: Vec<u16> = (1..procs).filter(|&k| alive[k]).map(|k| k as u16).collect();
+        for &k in &live {
+            let _ = self.frame_to(k, &Frame::End { run }, max_frame);
+        }
+        if let Err(e) = self.await_ready(run, live, max_frame, END_TIMEOUT).await {
+            tracing::warn!("ending the run: {e}");
+        }
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn drive<S: System>(
+        &mut self,
+        run: u64,
+        mut placement: Placement<S::Msg>,
+        seed: u64,
+        max_frame: u64,
+        max_wall: Duration,
+        mut home: Vec<u16>,
+        nodes_list: Vec<(u64, String)>,
+        alive: &mut [bool],
+        start: Instant,
+    ) -> Result<LiveOutcome, LiveError> {
+        let procs = alive.len();
+        let actor_err = LiveError::Actor;
+        // Setup everywhere, then the placements.
+        for k in 1..procs {
+            let setup = Setup {
+                run,
+                system: S::Msg::SYSTEM.into(),
+                node: k as u16,
+                nodes: nodes_list.clone(),
+                home: home.clone(),
+                seed,
+                max_frame,
+            };
+            self.frame_to(k as u16, &Frame::Setup(setup), max_frame)?;
+        }
+        self.await_ready(
+            run,
+            (1..procs).map(|k| k as u16).collect(),
+            max_frame,
+            SETUP_TIMEOUT,
+        )
+        .await?;
+        let specs: BTreeMap<u32, (u16, Vec<u8>)> = std::mem::take(&mut placement.remote);
+        let mut by_node: BTreeMap<u16, Vec<Placed>> = BTreeMap::new();
+        for (id, (node, spec)) in &specs {
+            by_node.entry(*node).or_default().push(Placed {
+                id: *id,
+                spec: spec.clone(),
+            });
+        }
+        for (node, actors) in &by_node {
+            self.frame_to(
+                *node,
+                &Frame::Place {
+                    run,
+                    actors: actors.clone(),
+                },
+                max_frame,
+            )?;
+        }
+        self.await_ready(
+            run,
+            by_node.keys().copied().collect(),
+            max_frame,
+            SETUP_TIMEOUT,
+        )
+        .await?;
+        self.timeline
+            .push((start.elapsed(), format!("{} node(s) set up", procs - 1)));
+
+        // The coordinator's own actors.
+        let out = Arc::new(ClusterOut {
+            incarnation: self.net.incarnation,
+            run,
+            me: 0,
+            max_frame,
+            agents: RwLock::new(
+                std::iter::once(None)
+                    .chain(self.nodes.iter().map(|n| Some(n.2.clone())))
+                    .collect(),
+            ),
+        });
+        let routes: Vec<Route<S::Msg>> = home.iter().map(|&h| Route::Remote(h)).collect();
+        let outbound: Arc<dyn Outbound<S::Msg>> = out.clone();
+        let mut host = LocalHost::new(procs, routes, seed, Some(outbound));
+        for (id, a) in std::mem::take(&mut placement.local) {
+            host.add(ActorId(id), a).await?;
+        }
+        // Go, counted as a message to each node so that the waves cannot end before it lands.
+        let began = Instant::now();
+        self.timeline
+            .push((start.elapsed(), "actors started everywhere".into()));
+        for k in 1..procs {
+            self.frame_to(k as u16, &Frame::Go { run }, max_frame)?;
+            host.shared_count_sent(k as u16);
+        }
+        host.start();
+        let deadline = began + max_wall;
+        let mut wave = 0u64;
+        let mut pending: Option<Vec<Option<Counts>>> = None;
+        let mut last: Option<Vec<Counts>> = None;
+        let mut next_wave = Instant::now();
+        let outcome: Result<Duration, LiveError> = 'run: loop {
+            if let Some(e) = host.failure() {
+                break 'run Err(actor_err(e));
+            }
+            let now = Instant::now();
+            if now > deadline {
+                break 'run Err(actor_err(format!(
+                    "the live run did not end within its wall-clock limit of {:.0} s",
+                    max_wall.as_secs_f64()
+                )));
+            }
+            if pending.is_none() && now >= next_wave {
+                wave += 1;
+                let mut counts: Vec<Option<Counts>> = vec![None; procs];
+                counts[0] = Some(host.counts());
+                for k in 1..procs {
+                    if alive[k] {
+                        self.frame_to(k as u16, &Frame::Poll { run, wave }, max_frame)?;
+                    }
+                }
+                pending = Some(counts);
+            }
+            if let Some(counts) = &pending
+                && (1..procs).all(|k| !alive[k] || counts[k].is_some())
+            {
+                let now_counts: Vec<Counts> = counts
+                    .iter()
+                    .map(|c| c.clone().unwrap_or_default())
+                    .collect();
+                let q = quiet(&now_counts, alive);
+                if q && last.as_ref() == Some(&now_counts) {
+                    break 'run Ok(began.elapsed());
+                }
+                last = Some(now_counts);
+                pending = None;
+                next_wave = Instant::now() + if q { Duration::ZERO } else { WAVE_EVERY };
+                continue;
+            }
+            let sleep = next_wave
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_micros(200))
+                .min(Duration::from_millis(50));
+            tokio::select! {
+                m = self.net.frames.recv() => {
+                    let Some(AgentMsg::Frame(b)) = m else { continue };
+                    match decode_frame(&b, max_frame) {
+                        Ok((_, Frame::Counts { run: r, wave: w, node, counts: c })) if r == run && w == wave => {
+                            if let Some(p) = pending.as_mut()
+                                && let Some(slot) = p.get_mut(node as usize)
+                            {
+                                *slot = Some(c);
+                            }
+                        }
+                        Ok((_, Frame::Failed { run: r, node, error })) if r == run => {
+                            let addr = nodes_list.get(node as usize).map(|n| n.1.as_str()).unwrap_or("?");
+                            break 'run Err(actor_err(format!("node {node} ({addr}): {error}")));
+                        }
+                        Ok((_, Frame::Deliver { run: r, from_node, to, msg })) if r == run => {
+                            match S::Msg::decode(&msg) {
+                                Ok(m) => {
+                                    if let Err(e) = host.deliver_remote(ActorId(to), m, from_node) {
+                                        break 'run Err(actor_err(e));
+                                    }
+                                }
+                                Err(e) => {
+                                    break 'run Err(actor_err(format!("a message from node {from_node}: {e}")));
+                                }
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!("dropping a malformed frame: {e}"),
+                    }
+                }
+                ev = self.net.sessions.recv() => {
+                    let Some(SessionEvent::Down { node_id, .. }) = ev else { continue };
+                    let Some(k) = (1..procs)
+                        .find(|&k| alive[k] && self.nodes[k - 1].2.get_id().node() == node_id)
+                    else {
+                        continue;
+                    };
+                    alive[k] = false;
+                    self.timeline.push((
+                        start.elapsed(),
+                        format!("node {k} ({}) lost: its connection closed", nodes_list[k].1),
+                    ));
+                    if let Err(e) = self
+                        .replace::<S>(run, k as u16, &specs, &mut home, alive, &out, &host, max_frame, start)
+                        .await
+                    {
+                        break 'run Err(e);
+                    }
+                    pending = None;
+                    last = None;
+                }
+                _ = tokio::time::sleep(sleep) => {}
+            }
+        };
+        let wall = match outcome {
+            Ok(w) => w,
+            Err(e) => {
+                host.stop().await;
+                return Err(e);
+            }
+        };
+        self.timeline.push((
+            start.elapsed(),
+            "every process idle, no message in flight".into(),
+        ));
+        // Reports.
+        let mut report = host.report().await?;
+        let [
+            mut messages,
+            mut bytes,
+            mut fetched,
+            mut wire_bytes,
+            mut wire_frames,
+        ] = host.totals();
+        host.stop().await;
+        let mut waiting: HashSet<u16> =
+            (1..procs).filter(|&k| alive[k]).map(|k| k as u16).collect();
+        for &k in &waiting {
+            self.frame_to(k, &Frame::ReportAsk { run }, max_frame)?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut parts: BTreeMap<u16, Report> = BTreeMap::new();
+        while !waiting.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Ok(Some(m)) = tokio::time::timeout(left, self.net.frames.recv()).await else {
+                return Err(actor_err("a node did not send its report".into()));
+            };
+            let AgentMsg::Frame(b) = m else { continue };
+            if let Ok((
+                _,
+                Frame::ReportReply {
+                    run: r,
+                    node,
+                    report: part,
+                    totals,
+                },
+            )) = decode_frame(&b, max_frame)
+                && r == run
+                && waiting.remove(&node)
+            {
+                messages += totals[0];
+                bytes += totals[1];
+                fetched += totals[2];
+                wire_bytes += totals[3];
+                wire_frames += totals[4];
+                parts.insert(node, part);
+            }
+        }
+        for (_, p) in parts {
+            report.merge(p);
+        }
+        LiveOutcome::new(
+            report,
+            wall,
+            [messages, bytes, fetched, wire_bytes, wire_frames],
+        )
+    }
+
+    pub(super) async fn await_ready(
+        &mut self,
+        run: u64,
+        from: Vec<u16>,
+        max_frame: u64,
+        timeout: Duration,
+    ) -> Result<(), LiveError> {
+        let mut waiting: HashSet<u16> = from.into_iter().collect();
+        let deadline = Instant::now() + timeout;
+        while !waiting.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let m = tokio::select! {
+                m = self.net.frames.recv() => m,
+                ev = self.net.sessions.recv() => {
+                    if let Some(SessionEvent::Down { peer_addr, .. }) = ev {
+                        return Err(LiveError::Actor(format!("the connection to {peer_addr} closed while the run was set up")));
+                    }
+                    continue;
+                }
+                _ = tokio::time::sleep(left) => None,
+            };
+            let Some(AgentMsg::Frame(b)) = m else {
+                return Err(LiveError::Actor("nodes did not get ready in time".into()));
+            };
+            match decode_frame(&b, max_frame) {
+                Ok((
+                    _,
+                    Frame::Ready {
+                        run: r,
+                        node,
+                        error,
+                    },
+                )) if r == run => {
+                    if let Some(e) = error {
+                        let addr = self
+                            .nodes
+                            .get(node as usize - 1)
+                            .map(|n| n.1.clone())
+                            .unwrap_or_default();
+                        return Err(LiveError::Actor(format!("node {node} ({addr}): {e}")));
+                    }
+                    waiting.remove(&node);
+                }
+                Ok((
+                    _,
+                    Frame::Failed {
+                        run: r,
+                        node,
+                        error,
+                    },
+                )) if r == run => {
+                    return Err(LiveError::Actor(format!("node {node}: {error}")));
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!("dropping a malformed frame: {e}"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Places the actors of lost node `dead` again and tells everyone.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn replace<S: System>(
+        &mut self,
+        run: u64,
+        dead: u16,
+        specs: &BTreeMap<u32, (u16, Vec<u8>)>,
+        home: &mut [u16],
+        alive: &[bool],
+        out: &ClusterOut,
+        host: &LocalHost<S::Msg>,
+        max_frame: u64,
+        start: Instant,
+    ) -> Result<(), LiveError> {
+        if let Ok(mut a) = out.agents.write() {
+            a[dead as usize] = None;
+        }
+        let lost: Vec<u32> = (0..home.len() as u32)
+            .filter(|&a| home[a as usize] == dead)
+            .collect();
+        for &a in &lost {
+            host.set_route(ActorId(a), Route::Gone);
+        }
+        for &a in &lost {
+            let mut load = vec![0usize; alive.len()];
+            for &h in home.iter() {
+                load[h as usize] += 1;
+            }
+            let Some(target) = (1..alive.len())
+                .filter(|&k| alive[k])
+                .min_by_key(|&k| (load[k], k))
+            else {
+                return Err(LiveError::Actor(format!(
+                    "actor {a} was lost with node {dead} and no node is left to take it"
+                )));
+            };
+            let target = target as u16;
+            let spec = specs
+                .get(&a)
+                .map(|s| s.1.clone())
+                .ok_or_else(|| LiveError::Actor(format!("no spec for actor {a}")))?;
+            self.frame_to(
+                target,
+                &Frame::Place {
+                    run,
+                    actors: vec![Placed { id: a, spec }],
+                },
+                max_frame,
+            )?;
+            self.await_ready(run, vec![target], max_frame, SETUP_TIMEOUT)
+                .await?;
+            home[a as usize] = target;
+            host.set_route(ActorId(a), Route::Remote(target));
+            for k in 1..alive.len() {
+                if alive[k] {
+                    self.frame_to(
+                        k as u16,
+                        &Frame::Relocate {
+                            run,
+                            actor: a,
+                            node: target,
+                            dead,
+                        },
+                        max_frame,
+                    )?;
+                }
+            }
+            self.timeline.push((
+                start.elapsed(),
+                format!(
+                    "actor {a} placed again on node {target} ({})",
+                    self.nodes[target as usize - 1].1
+                ),
+            ));
+        }
+        // The lost notice, to every actor of the run (all of them live now).
+        for &a in &lost {
+            for to in 0..home.len() as u32 {
+                if let Some(n) = <S::Msg as WireMessage>::lost(ActorId(a)) {
+                    host.send(ActorId(to), n);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Every process idle inside and every message between live processes handled.
+pub(super) fn quiet(c: &[Counts], alive: &[bool]) -> bool {
+    let n = c.len();
+    for i in 0..n {
+        if !alive[i] {
+            continue;
+        }
+        if c[i].local_in_flight != 0 {
+            return false;
+        }
+        for j in 0..n {
+            if i == j || !alive[j] {
+                continue;
+            }
+            let sent = c[i].sent_to.get(j).copied().unwrap_or(0);
+            let handled = c[j].handled_from.get(i).copied().unwrap_or(0);
+            if sent != handled {
+                return false;
+            }
+        }
+    }
+    true
+}
