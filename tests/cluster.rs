@@ -172,6 +172,9 @@ fn pipeline_routes_across_meshsim_node_processes() {
     let across = one(rt.block_on(live_all(&s)).unwrap());
     assert_eq!(fingerprint(&across), (rows.clone(), outputs.clone()));
     assert_eq!(across.report.failovers, 0);
+    // Every message's payload, shard to shard included, as the actors count it.
+    assert_eq!(across.payload_bytes, alone.payload_bytes);
+    assert!(alone.payload_bytes > 0);
     let payload: u64 = across.report.records.iter().map(|r| r.network_bytes).sum();
     assert!(
         across.wire_bytes > payload,

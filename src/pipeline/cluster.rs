@@ -194,6 +194,7 @@ pub async fn live(
         report: out.report,
         summary,
         wall: out.wall,
+        payload_bytes: out.bytes,
         wire_bytes: out.wire_bytes,
         timeline: coordinator.timeline.clone(),
     })

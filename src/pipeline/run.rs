@@ -50,6 +50,9 @@ pub struct PipelineRun {
     pub summary: Summary,
     /// Wall-clock time of the run (console only).
     pub wall: Duration,
+    /// Payload bytes of every message between the actors (head and shards), as the actors
+    /// count them (`Context::send`): live runs only.
+    pub payload_bytes: u64,
     /// Bytes of the frames that crossed processes (runs across processes; console only).
     pub wire_bytes: u64,
     /// What happened to the processes of a run across them (set up, lost, placed again,
@@ -163,6 +166,7 @@ pub fn simulate(s: &PipelineScenario, mode: DecodeMode) -> Result<PipelineRun, S
         report: out.report,
         summary,
         wall: started.elapsed(),
+        payload_bytes: 0,
         wire_bytes: 0,
         timeline: Vec::new(),
     })
@@ -203,6 +207,7 @@ pub async fn live(s: &PipelineScenario, mode: DecodeMode) -> Result<PipelineRun,
         report: out.report,
         summary,
         wall: out.wall,
+        payload_bytes: out.bytes,
         wire_bytes: out.wire_bytes,
         timeline: Vec::new(),
     })
