@@ -154,7 +154,16 @@ impl Coordinator {
         for &k in &live {
             let _ = self.frame_to(k, &Frame::End { run }, max_frame);
         }
-        if let Err(e) = self.await_ready(run, live, max_frame, END_TIMEOUT).await {
+        if let Err(e) = self
+            .await_ready(
+                run,
+                live,
+                max_frame,
+                END_TIMEOUT,
+                None::<&LocalHost<S::Msg>>,
+            )
+            .await
+        {
             tracing::warn!("ending the run: {e}");
         }
         result
@@ -193,6 +202,7 @@ impl Coordinator {
             (1..procs).map(|k| k as u16).collect(),
             max_frame,
             SETUP_TIMEOUT,
+            None::<&LocalHost<S::Msg>>,
         )
         .await?;
         let specs: BTreeMap<u32, (u16, Vec<u8>)> = std::mem::take(&mut placement.remote);
@@ -218,6 +228,7 @@ impl Coordinator {
             by_node.keys().copied().collect(),
             max_frame,
             SETUP_TIMEOUT,
+            None::<&LocalHost<S::Msg>>,
         )
         .await?;
         self.timeline
@@ -416,12 +427,15 @@ impl Coordinator {
         )
     }
 
-    pub(super) async fn await_ready(
+    /// Waits for a `Ready` from every node of `from`. Actor messages that come meanwhile
+    /// (while an actor is placed again, the others go on) are delivered to `host`.
+    pub(super) async fn await_ready<M: WireMessage>(
         &mut self,
         run: u64,
         from: Vec<u16>,
         max_frame: u64,
         timeout: Duration,
+        host: Option<&LocalHost<M>>,
     ) -> Result<(), LiveError> {
         let mut waiting: HashSet<u16> = from.into_iter().collect();
         let deadline = Instant::now() + timeout;
@@ -468,6 +482,25 @@ impl Coordinator {
                     },
                 )) if r == run => {
                     return Err(LiveError::Actor(format!("node {node}: {error}")));
+                }
+                Ok((
+                    _,
+                    Frame::Deliver {
+                        run: r,
+                        from_node,
+                        to,
+                        msg,
+                    },
+                )) if r == run => {
+                    let Some(host) = host else {
+                        tracing::warn!("an actor message before the actors started, dropped");
+                        continue;
+                    };
+                    let m = M::decode(&msg).map_err(|e| {
+                        LiveError::Actor(format!("a message from node {from_node}: {e}"))
+                    })?;
+                    host.deliver_remote(ActorId(to), m, from_node)
+                        .map_err(LiveError::Actor)?;
                 }
                 Ok(_) => {}
                 Err(e) => tracing::warn!("dropping a malformed frame: {e}"),
@@ -525,7 +558,7 @@ impl Coordinator {
                 },
                 max_frame,
             )?;
-            self.await_ready(run, vec![target], max_frame, SETUP_TIMEOUT)
+            self.await_ready(run, vec![target], max_frame, SETUP_TIMEOUT, Some(host))
                 .await?;
             home[a as usize] = target;
             host.set_route(ActorId(a), Route::Remote(target));
