@@ -278,7 +278,47 @@ fn pipeline_routes_across_meshsim_node_processes() {
     assert!(text.contains("node 2") && text.contains("lost"), "{text}");
     assert!(text.contains("actor 2 placed again on node 3"), "{text}");
     assert!(n1.alive() && n3.alive());
-    drop((n1, n3));
+
+    // 4b. Three shards, the middle one killed: the tail, on a live node, goes on answering
+    //     the head while the lost shard is placed again on a spare.
+    let n4 = Node::start(&good);
+    let n5 = Node::start(&good);
+    let three = |nodes: &[&Node]| {
+        let text = scenario_text(nodes, Some(&good), 40).replace("shards = 2", "shards = 3");
+        PipelineScenario::parse("three.toml", "three", Path::new("."), &text).unwrap()
+    };
+    let alone3 = one(rt.block_on(live_all(&three(&[]))).unwrap());
+    let n3_log = Arc::clone(&n3.log);
+    let before = n3.log().matches("actors started").count();
+    let n3_pid = n3.child.id();
+    let killer = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while n3_log.lock().unwrap().matches("actors started").count() == before {
+            assert!(
+                Instant::now() < deadline,
+                "the run never started on the middle node"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(400));
+        // SAFETY: signalling our own child process.
+        unsafe { libc::kill(n3_pid as i32, libc::SIGKILL) };
+    });
+    let faulted3 = one(rt
+        .block_on(live_all(&three(&[&n1, &n3, &n4, &n5])))
+        .unwrap());
+    killer.join().unwrap();
+    n3.kill();
+    assert!(faulted3.report.failovers > 0);
+    assert_eq!(faulted3.report.outputs, alone3.report.outputs);
+    let text3: Vec<String> = faulted3.timeline.iter().map(|(_, w)| w.clone()).collect();
+    assert!(
+        text3
+            .iter()
+            .any(|w| w.contains("actor 2 placed again on node 4")),
+        "{text3:?}"
+    );
+    drop((n1, n3, n4, n5));
 
     // 5. scripts/live_cluster.sh, as a user runs it, with both hosts on this machine: it
     //    starts two nodes, runs the scenario across them and stops them.
