@@ -149,6 +149,27 @@ fn fingerprint(r: &PipelineRun) -> (Rows, Outputs) {
     (rows, r.report.outputs.clone())
 }
 
+/// A thread that kills `node` (SIGKILL) 400 ms after it next starts a run's actors: a few
+/// tokens into the generation.
+fn kill_when_started(node: &Node) -> std::thread::JoinHandle<()> {
+    let log = Arc::clone(&node.log);
+    let before = node.log().matches("actors started").count();
+    let pid = node.child.id();
+    std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while log.lock().unwrap().matches("actors started").count() == before {
+            assert!(
+                Instant::now() < deadline,
+                "the run never started on the node"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(400));
+        // SAFETY: signalling our own child process.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    })
+}
+
 #[test]
 fn pipeline_routes_across_meshsim_node_processes() {
     let dir = tempfile::tempdir().unwrap();
@@ -241,24 +262,9 @@ fn pipeline_routes_across_meshsim_node_processes() {
     //    undisturbed run.
     let s_long = scenario(&[&n1, &n2, &n3], Some(&good), 40);
     let alone_long = one(rt.block_on(live_all(&scenario(&[], None, 40))).unwrap());
-    let n2_log = Arc::clone(&n2.log);
-    let runs_before = n2.log().matches("actors started").count();
-    let n2_pid = n2.child.id();
-    let killer = std::thread::spawn(move || {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while n2_log.lock().unwrap().matches("actors started").count() == runs_before {
-            assert!(Instant::now() < deadline, "the run never started on node 2");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        // A few tokens into the generation.
-        std::thread::sleep(Duration::from_millis(400));
-        let killed = Instant::now();
-        // SAFETY: signalling our own child process.
-        unsafe { libc::kill(n2_pid as i32, libc::SIGKILL) };
-        killed
-    });
+    let killer = kill_when_started(&n2);
     let faulted = one(rt.block_on(live_all(&s_long)).unwrap());
-    let _ = killer.join().unwrap();
+    killer.join().unwrap();
     n2.kill();
     assert!(
         faulted.report.failovers > 0,
@@ -288,22 +294,7 @@ fn pipeline_routes_across_meshsim_node_processes() {
         PipelineScenario::parse("three.toml", "three", Path::new("."), &text).unwrap()
     };
     let alone3 = one(rt.block_on(live_all(&three(&[]))).unwrap());
-    let n3_log = Arc::clone(&n3.log);
-    let before = n3.log().matches("actors started").count();
-    let n3_pid = n3.child.id();
-    let killer = std::thread::spawn(move || {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while n3_log.lock().unwrap().matches("actors started").count() == before {
-            assert!(
-                Instant::now() < deadline,
-                "the run never started on the middle node"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        std::thread::sleep(Duration::from_millis(400));
-        // SAFETY: signalling our own child process.
-        unsafe { libc::kill(n3_pid as i32, libc::SIGKILL) };
-    });
+    let killer = kill_when_started(&n3);
     let faulted3 = one(rt
         .block_on(live_all(&three(&[&n1, &n3, &n4, &n5])))
         .unwrap());

@@ -21,7 +21,6 @@ use crate::exec::{TransformerConfig, WeightSource, default_device};
 use crate::live::LiveError;
 use crate::live::cluster::{Coordinator, Placement, System};
 use crate::live::wire::FRAME_OVERHEAD;
-use crate::metrics::Summary;
 use crate::units::Nanos;
 
 /// Everything a node needs to build one shard of a route.
@@ -188,14 +187,9 @@ pub async fn live(
         payload_bytes = out.bytes,
         "actor messages across processes"
     );
-    let summary = Summary::new(mode_name(mode), &out.report, out.messages);
-    Ok(super::run::PipelineRun {
+    Ok(super::run::PipelineRun::live(
         mode,
-        report: out.report,
-        summary,
-        wall: out.wall,
-        payload_bytes: out.bytes,
-        wire_bytes: out.wire_bytes,
-        timeline: coordinator.timeline.clone(),
-    })
+        out,
+        coordinator.timeline.clone(),
+    ))
 }

@@ -201,16 +201,28 @@ pub async fn live(s: &PipelineScenario, mode: DecodeMode) -> Result<PipelineRun,
         backends.push(Box::new(b));
     }
     let out = crate::live::host::run(actors(s, mode, backends), s.seed, s.max_wall).await?;
-    let summary = Summary::new(mode_name(mode), &out.report, out.messages);
-    Ok(PipelineRun {
-        mode,
-        report: out.report,
-        summary,
-        wall: out.wall,
-        payload_bytes: out.bytes,
-        wire_bytes: out.wire_bytes,
-        timeline: Vec::new(),
-    })
+    Ok(PipelineRun::live(mode, out, Vec::new()))
+}
+
+impl PipelineRun {
+    /// The run of `mode` on a live host (one process, or across processes with their
+    /// `timeline`).
+    pub fn live(
+        mode: DecodeMode,
+        out: crate::live::host::LiveOutcome,
+        timeline: Vec<(Duration, String)>,
+    ) -> PipelineRun {
+        let summary = Summary::new(mode_name(mode), &out.report, out.messages);
+        PipelineRun {
+            mode,
+            report: out.report,
+            summary,
+            wall: out.wall,
+            payload_bytes: out.bytes,
+            wire_bytes: out.wire_bytes,
+            timeline,
+        }
+    }
 }
 
 /// Runs every mode at every point of `s` on the live host, one after another: in this
