@@ -29,7 +29,9 @@ use crate::rng::Stream;
 use crate::units::Nanos;
 
 /// An actor's address, given by its host in the order actors are added (0, 1, ...).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct ActorId(pub u32);
 
 /// What the messages of one system must be: sendable between threads, printable for

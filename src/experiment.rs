@@ -114,7 +114,7 @@ impl Experiment {
         match self {
             Experiment::Pipeline(s) => {
                 let nodes = match nodes {
-                    Some(n) => Some(crate::pipeline::scenario::live_nodes(
+                    Some(n) => Some(crate::scenario::live_nodes(
                         &c,
                         &n.split(',')
                             .map(|x| x.trim().to_string())
@@ -143,12 +143,37 @@ impl Experiment {
                 }
                 Ok(())
             }
-            Experiment::Serving(_) if nodes.is_some() || cookie_file.is_some() => Err(c.err(
-                "live.nodes",
-                "serving scenarios run live in one process; only pipeline routes run across \
-                 meshsim nodes so far",
-            )),
-            Experiment::Serving(_) => Ok(()),
+            Experiment::Serving(s) => {
+                let nodes = match nodes {
+                    Some(n) => Some(crate::scenario::live_nodes(
+                        &c,
+                        &n.split(',')
+                            .map(|x| x.trim().to_string())
+                            .filter(|x| !x.is_empty())
+                            .collect::<Vec<_>>(),
+                    )?),
+                    None => None,
+                };
+                let apply = |p: &mut crate::serving::scenario::Scenario| {
+                    if let Some(n) = &nodes {
+                        p.nodes = n.clone();
+                    }
+                    if let Some(f) = &cookie_file {
+                        p.cookie_file = Some(f.clone());
+                    }
+                };
+                apply(s);
+                for p in &mut s.points {
+                    apply(&mut p.scenario);
+                }
+                if nodes.is_some() && !s.live {
+                    return Err(c.err(
+                        "live.nodes",
+                        "--nodes places a live run: give --live (or mode = \"live\")",
+                    ));
+                }
+                Ok(())
+            }
         }
     }
 

@@ -6,90 +6,18 @@
 //! compete with each other for this machine's cores, and so that one process runs one
 //! `ractor_cluster` node server at a time.
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+mod common;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use common::node::{Node, cookie};
 
 use meshsim::pipeline::run::{PipelineRun, live_all};
 use meshsim::pipeline::scenario::PipelineScenario;
-
-/// A `meshsim node` child process and what it printed.
-struct Node {
-    child: Child,
-    addr: String,
-    log: Arc<Mutex<String>>,
-}
-
-impl Node {
-    fn start(cookie: &Path) -> Node {
-        Node::start_with(cookie, &[])
-    }
-
-    fn start_with(cookie: &Path, extra: &[&str]) -> Node {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_meshsim"))
-            .args(["node", "--listen", "127.0.0.1:0", "--cookie-file"])
-            .arg(cookie)
-            .arg("-v")
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start meshsim node");
-        let stderr = child.stderr.take().unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let sink = Arc::clone(&log);
-        // Drain the node's stderr for as long as it lives (a full pipe would block it).
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(a) = line.strip_prefix("meshsim node listening at ") {
-                    let _ = tx.send(a.trim().to_string());
-                }
-                let mut l = sink.lock().unwrap();
-                l.push_str(&line);
-                l.push('\n');
-            }
-        });
-        let addr = rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("the node prints its address");
-        Node { child, addr, log }
-    }
-
-    fn alive(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-
-    fn kill(&mut self) {
-        // SIGKILL on Unix.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn cookie(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let p = dir.join(name);
-    let mut f = std::fs::File::create(&p).unwrap();
-    writeln!(f, "{text}").unwrap();
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
-    p
-}
 
 /// The `small` model (8 layers, hidden 512) in 2 shards; 4 requests of 48 prompt tokens and
 /// `output` tokens, two sessions at a time.

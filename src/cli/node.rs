@@ -8,6 +8,7 @@ use super::{EXIT_FAILED, bad};
 use meshsim::live::cluster::{self, Net, NodeLimits, NodeRunFn};
 use meshsim::live::wire::Setup;
 use meshsim::pipeline::cluster::Pipeline;
+use meshsim::serving::cluster::Serving;
 
 /// The systems a node can host, by their wire name.
 fn system(name: &str) -> Option<NodeRunFn> {
@@ -24,8 +25,22 @@ fn system(name: &str) -> Option<NodeRunFn> {
             limits,
         ))
     }
+    fn serving<'a>(
+        net: &'a mut Net,
+        coordinator: u64,
+        setup: Setup,
+        limits: NodeLimits,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + 'a>> {
+        Box::pin(cluster::node_run::<Serving>(
+            net,
+            coordinator,
+            setup,
+            limits,
+        ))
+    }
     match name {
         "pipeline" => Some(pipeline),
+        "serving" => Some(serving),
         _ => None,
     }
 }

@@ -81,6 +81,22 @@ impl TransformerConfig {
         crate::model::preset(name).map(Self::from_preset)
     }
 
+    /// Bytes of the f32 weights of `layers` of its layers, with the embedding, the final
+    /// norm and the LM head (counted even when tied): an upper bound, to refuse a model too
+    /// large for a node.
+    pub fn f32_weight_bytes(&self, layers: usize) -> u64 {
+        let (h, f, v) = (self.hidden as u64, self.ffn as u64, self.vocab as u64);
+        let kv = (self.kv_heads * self.head_dim) as u64;
+        let q = (self.heads * self.head_dim) as u64;
+        let per_layer = h * q + 2 * h * kv + q * h + 3 * h * f + 2 * h;
+        (per_layer * layers as u64 + 2 * v * h + h) * 4
+    }
+
+    /// Bytes of f32 K/V one token holds over all layers.
+    pub fn f32_kv_bytes_per_token(&self) -> u64 {
+        (self.layers * 2 * self.kv_heads * self.head_dim * 4) as u64
+    }
+
     /// Checks the numbers that the model relies on.
     pub fn validate(&self) -> Result<(), ExecError> {
         let bad = |why: &str| Err(ExecError::Config(format!("{}: {why}", self.name)));

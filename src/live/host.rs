@@ -362,6 +362,9 @@ pub struct LiveOutcome {
     pub wire_bytes: u64,
     /// Frames of actor messages that crossed processes.
     pub wire_frames: u64,
+    /// Bytes the actors read from other processes' memory (one-sided reads of store
+    /// tensors across processes; 0 in one process).
+    pub remote_read: u64,
 }
 
 impl LiveOutcome {
@@ -370,7 +373,7 @@ impl LiveOutcome {
     pub(crate) fn new(
         report: Report,
         wall: Duration,
-        totals: [u64; 5],
+        totals: [u64; 6],
     ) -> Result<LiveOutcome, LiveError> {
         if let Some(first) = report.violations.first() {
             return Err(LiveError::Actor(format!(
@@ -378,7 +381,14 @@ impl LiveOutcome {
                 report.violations.len()
             )));
         }
-        let [messages, bytes, fetched, wire_bytes, wire_frames] = totals;
+        let [
+            messages,
+            bytes,
+            fetched,
+            wire_bytes,
+            wire_frames,
+            remote_read,
+        ] = totals;
         Ok(LiveOutcome {
             report,
             wall,
@@ -387,6 +397,7 @@ impl LiveOutcome {
             fetched,
             wire_bytes,
             wire_frames,
+            remote_read,
         })
     }
 }
@@ -562,8 +573,9 @@ impl<M: Message> LocalHost<M> {
     }
 
     /// Messages, payload bytes, bytes fetched, frame bytes and frames sent to other
-    /// processes, so far.
-    pub(crate) fn totals(&self) -> [u64; 5] {
+    /// processes, so far; the last place (bytes read from other processes' memory) is the
+    /// cluster layer's to fill.
+    pub(crate) fn totals(&self) -> [u64; 6] {
         let s = &self.shared;
         [
             s.messages.load(Ordering::Relaxed),
@@ -571,6 +583,7 @@ impl<M: Message> LocalHost<M> {
             s.fetched.load(Ordering::Relaxed),
             s.wire_bytes.load(Ordering::Relaxed),
             s.wire_frames.load(Ordering::Relaxed),
+            0,
         ]
     }
 

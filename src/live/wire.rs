@@ -9,7 +9,7 @@
 //! ```text
 //! offset  size  field
 //! 0       4     magic "MSHW"
-//! 4       2     version, little-endian u16 (this build speaks 1 only)
+//! 4       2     version, little-endian u16 (this build speaks 2 only)
 //! 6       8     sender: the incarnation of the sending process, little-endian u64
 //! 14      ...   body: one `Frame` value in postcard 1.x encoding, nothing after it
 //! ```
@@ -30,7 +30,7 @@ use crate::metrics::Report;
 /// The magic bytes that open every frame.
 pub const MAGIC: [u8; 4] = *b"MSHW";
 /// The version of the frame format and of every system's message encoding.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Bytes before the body.
 pub const HEADER_BYTES: usize = 14;
 /// Bytes of a frame besides an actor message it delivers: the header and [`Frame::Deliver`]'s
@@ -152,12 +152,33 @@ pub enum Frame {
     /// Coordinator -> node: send the report of your actors.
     ReportAsk { run: u64 },
     /// Node -> coordinator: the merged report of this node's actors, and its totals:
-    /// messages, payload bytes, bytes fetched, bytes of frames sent, frames sent.
+    /// messages, payload bytes, bytes fetched, bytes of frames sent, frames sent, bytes
+    /// its actors read from other processes' memory ([`Frame::Read`]).
     ReportReply {
         run: u64,
         node: u16,
         report: Report,
-        totals: [u64; 5],
+        totals: [u64; 6],
+        /// More parts of this report follow (a report is sent in parts that fit the frame
+        /// limit; the totals come with the last).
+        more: bool,
+    },
+    /// Any -> the process that holds the memory: a one-sided read (as an RDMA read: the
+    /// holder's actors take no part), `key` in the system's encoding (a store tensor of the
+    /// serving system). Answered with a [`Frame::ReadReply`] of the same `seq`.
+    Read {
+        run: u64,
+        seq: u64,
+        #[serde(with = "serde_bytes")]
+        key: Vec<u8>,
+    },
+    /// The answer to [`Frame::Read`]: the bytes read, or none if the memory holds no such
+    /// thing.
+    ReadReply {
+        run: u64,
+        seq: u64,
+        #[serde(with = "serde_bytes")]
+        data: Option<Vec<u8>>,
     },
     /// Coordinator -> node: the run is over; drop its actors.
     End { run: u64 },
@@ -202,6 +223,10 @@ pub struct Setup {
     pub seed: u64,
     /// Largest frame of the run, bytes.
     pub max_frame: u64,
+    /// What every process of the run needs besides its actors' specs, in the system's
+    /// encoding (the serving system's trace and model; empty for pipelines).
+    #[serde(with = "serde_bytes")]
+    pub shared: Vec<u8>,
 }
 
 /// Encodes `frame` from `sender`, refusing a frame over `limit` bytes.
@@ -253,6 +278,15 @@ fn describe(f: &Frame) -> String {
             format!("a message of {} bytes to actor {to}", msg.len())
         }
         Frame::ReportReply { node, .. } => format!("the report of node {node}"),
+        Frame::Setup(s) => format!(
+            "the setup of run {:016x} ({} bytes of run data)",
+            s.run,
+            s.shared.len()
+        ),
+        Frame::ReadReply { seq, data, .. } => format!(
+            "the answer to read {seq} ({} bytes)",
+            data.as_ref().map_or(0, |d| d.len())
+        ),
         other => {
             let s = format!("{other:?}");
             s.chars().take(80).collect()
@@ -304,7 +338,8 @@ mod tests {
                     failovers: 2,
                     ..Report::default()
                 },
-                totals: [1, 2, 3, 4, 5],
+                totals: [1, 2, 3, 4, 5, 6],
+                more: false,
             },
         ];
         for f in frames {
@@ -339,8 +374,8 @@ mod tests {
     #[test]
     fn another_version_or_magic_is_refused() {
         let mut b = encode_frame(1, &deliver(), 1 << 20).unwrap();
-        b[4] = 2;
-        assert_eq!(decode_frame(&b, 1 << 20), Err(WireError::Version(2)));
+        b[4] = 9;
+        assert_eq!(decode_frame(&b, 1 << 20), Err(WireError::Version(9)));
         b[0] = b'X';
         assert_eq!(decode_frame(&b, 1 << 20), Err(WireError::Magic));
         assert_eq!(decode_frame(&b[..5], 1 << 20), Err(WireError::Short(5)));

@@ -3,7 +3,9 @@
 //! stores use to say where they look.
 
 /// Where reused prefix tokens come from. Columns of the results follow this order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub enum Tier {
     /// The serving instance's own GPU memory.
     Gpu = 0,

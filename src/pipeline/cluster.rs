@@ -61,13 +61,8 @@ impl ShardSpec {
     /// Bytes of f32 weights this shard holds (embedding on the head shard, norm and LM head
     /// on the tail), an upper bound used to refuse a spec too large for a node.
     pub fn weight_bytes(&self) -> u64 {
-        let m = &self.model;
-        let (h, f, v) = (m.hidden as u64, m.ffn as u64, m.vocab as u64);
-        let kv = (m.kv_heads * m.head_dim) as u64;
-        let q = (m.heads * m.head_dim) as u64;
-        let per_layer = h * q + 2 * h * kv + q * h + 3 * h * f + 2 * h;
-        let layers = (self.layers.end.saturating_sub(self.layers.start)) as u64;
-        (per_layer * layers + 2 * v * h + h) * 4
+        self.model
+            .f32_weight_bytes(self.layers.end.saturating_sub(self.layers.start))
     }
 
     /// The candle backend of this shard: f32 weights seeded as in a one-process run, on the
@@ -109,8 +104,18 @@ pub struct Pipeline;
 
 impl System for Pipeline {
     type Msg = Msg;
+    /// Shards share nothing inside a process.
+    type Shared = ();
 
-    fn build(spec: &[u8], max_memory: u64) -> Result<Box<dyn Actor<Msg>>, String> {
+    fn shared(
+        _setup: &crate::live::wire::Setup,
+        _max_memory: u64,
+        _reads: std::sync::Arc<crate::live::cluster::Reads>,
+    ) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn build(spec: &[u8], max_memory: u64, _shared: &()) -> Result<Box<dyn Actor<Msg>>, String> {
         let spec: ShardSpec = crate::live::wire::postcard_whole(spec).map_err(|e| e.to_string())?;
         let m = &spec.model;
         if spec.layers.start >= spec.layers.end || spec.layers.end > m.layers {
@@ -169,6 +174,7 @@ pub async fn live(
     let mut placement = Placement {
         local: Default::default(),
         remote: Default::default(),
+        shared: Vec::new(),
     };
     placement.local.insert(0, head);
     for (i, spec) in specs.iter().enumerate() {

@@ -113,6 +113,16 @@ pub fn check_live(s: &Scenario, file: &str) -> Result<(), ScenarioError> {
             ),
         ));
     }
+    if !s.nodes.is_empty() {
+        // Across processes: the cookie must be there and private before anything starts.
+        let Some(path) = &s.cookie_file else {
+            return Err(c.err(
+                "live.cookie_file",
+                "[live] nodes needs the cluster's cookie: cookie_file, or --cookie-file",
+            ));
+        };
+        crate::live::cluster::read_cookie(path).map_err(|e| c.err("live.cookie_file", e))?;
+    }
     for p in &s.points {
         check_live(&p.scenario, file)?;
     }
@@ -229,21 +239,64 @@ pub async fn live_with(
         spooled: None,
         output_check: None,
         timing: Some(t),
+        across: None,
     })
 }
 
-/// Runs every policy at every sweep point of `s` on the live host, one after another, then
-/// checks every policy's outputs against vanilla's ([`check_outputs`]).
+/// Runs every policy at every sweep point of `s` on the live host, one after another (in
+/// this process, or across the `meshsim node`s of `[live] nodes`: see
+/// [`super::cluster`]), then checks every policy's outputs against vanilla's
+/// ([`check_outputs`]).
 pub async fn live_all(s: &Scenario) -> Result<Vec<PolicyRun>, RunError> {
     let points = s.runs();
-    let mut runs = Vec::new();
-    for (label, p) in points {
+    let mut traces = Vec::with_capacity(points.len());
+    for (_, p) in &points {
         let trace = super::run::trace(p)?;
         fits_the_model(p, &trace)?;
-        let trace = Arc::new(trace);
+        traces.push(Arc::new(trace));
+    }
+    let mut coordinator = if s.nodes.is_empty() {
+        None
+    } else {
+        let Some(path) = &s.cookie_file else {
+            return Err(RunError::Live(LiveError::Config(
+                "[live] nodes needs the cluster's cookie: [live] cookie_file or --cookie-file"
+                    .into(),
+            )));
+        };
+        let cookie = crate::live::cluster::read_cookie(path).map_err(LiveError::Config)?;
+        let mut max_frame = 0;
+        for ((_, p), t) in points.iter().zip(&traces) {
+            max_frame = max_frame.max(super::cluster::max_frame(p, t)?);
+        }
+        Some(crate::live::cluster::Coordinator::connect(&s.nodes, cookie, max_frame).await?)
+    };
+    let result = live_points(&points, &traces, coordinator.as_mut()).await;
+    if let Some(c) = &coordinator {
+        c.shutdown().await;
+    }
+    result
+}
+
+async fn live_points(
+    points: &[(Option<&str>, &Scenario)],
+    traces: &[Arc<Trace>],
+    mut coordinator: Option<&mut crate::live::cluster::Coordinator>,
+) -> Result<Vec<PolicyRun>, RunError> {
+    let mut runs = Vec::new();
+    for (&(label, p), trace) in points.iter().zip(traces) {
         let mut mine = Vec::new();
         for &policy in &p.policies {
-            let mut r = live(p, trace.clone(), policy).await?;
+            let mut r = match coordinator.as_deref_mut() {
+                Some(c) => {
+                    let r = super::cluster::live(p, trace.clone(), policy, c).await;
+                    for (t, what) in &c.timeline {
+                        tracing::info!("{:>9.3} s  {what}", t.as_secs_f64());
+                    }
+                    r?
+                }
+                None => live(p, trace.clone(), policy).await?,
+            };
             r.summary.point = label.map(str::to_string);
             mine.push(r);
         }

@@ -10,6 +10,7 @@
 pub(crate) mod block_index;
 pub(crate) mod block_pool;
 pub mod chaos;
+pub mod cluster;
 pub mod instance;
 pub mod kv_routing;
 pub mod live;
@@ -20,5 +21,6 @@ pub mod router;
 pub mod run;
 pub mod scenario;
 pub mod store;
+pub mod wire;
 
 pub use msg::Msg;

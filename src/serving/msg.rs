@@ -68,7 +68,7 @@ pub enum Msg {
 }
 
 /// What a store server applies to its memory after a placement decision.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Applied {
     /// The directory's changes for this server's node, in order.
     pub changes: Vec<Change>,
@@ -78,7 +78,7 @@ pub struct Applied {
 }
 
 /// A prefix lookup.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Lookup {
     pub req: ReqId,
     pub from: ActorId,
@@ -88,7 +88,7 @@ pub struct Lookup {
 }
 
 /// What an instance reports to the router when a request ends.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Completion {
     pub req: ReqId,
     pub instance: u32,

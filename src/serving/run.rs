@@ -23,7 +23,7 @@ use crate::results::output::Scratch;
 use crate::results::{RequestRows, RunError};
 use crate::serving::Msg;
 use crate::serving::chaos::{Chaos, Targets};
-use crate::serving::instance::{Instance, StoreLink};
+use crate::serving::cluster::ActorSpec;
 use crate::serving::kv_routing::KvRouting;
 use crate::serving::policy::Policy;
 use crate::serving::policy::PolicyKind;
@@ -34,7 +34,6 @@ use crate::serving::store::StoreRules;
 use crate::serving::store::directory::{Directory, StoreParams};
 use crate::serving::store::memory::ClusterMemory;
 use crate::serving::store::metadata::Metadata;
-use crate::serving::store::server::StoreServer;
 use crate::sim::fault::Fault;
 use crate::sim::host::{DEFAULT_CHECK_EVERY, SimHost};
 use crate::sim::host::{FetchOverhead, MemoryLoss};
@@ -61,6 +60,8 @@ pub struct PolicyRun {
     pub output_check: Option<crate::serving::live::OutputCheck>,
     /// Live runs: where the time of the instances' iterations went.
     pub timing: Option<crate::backend::Timing>,
+    /// Live runs across processes: what moved between them.
+    pub across: Option<crate::serving::cluster::AcrossProcesses>,
 }
 
 /// Where finished simulations write their `requests.csv` rows, so that a run does not hold
@@ -217,6 +218,7 @@ pub fn simulate_watched(
         spooled: None,
         output_check: None,
         timing: None,
+        across: None,
     })
 }
 
@@ -262,28 +264,22 @@ pub fn actors(
         ));
     }
     let mut list: Placed = vec![(Box::new(router), Place::Frontend)];
-    for i in 0..n {
-        let place = s.instance_place(i);
-        let link = rules.map(|_| StoreLink {
-            metadata: metadata_id,
-            servers: server_ids.clone(),
-            node: place.node().expect("instances run on nodes"),
-            tensor_tokens: s.store.tensor_tokens,
-            tensor_bytes: s.store.tensor_tokens as u64 * s.model.kv_bytes_per_token(),
-            overlap: s.store.load_overlap,
-            layers: s.model.layers as u32,
-        });
-        let instance = Instance::new(
-            i,
-            router_id,
-            trace.clone(),
-            policy_impl.clone(),
-            s.serving.instance,
-            link,
-            backend(i),
-        )
-        .with_prompt_hashes(hashes.clone());
-        list.push((Box::new(instance), place));
+    // Instances and store servers from their specs (the constructors a node uses too).
+    let mut servers: Vec<(Box<dyn Actor<Msg>>, Place)> = Vec::new();
+    for (id, spec, place) in crate::serving::cluster::specs(s, policy) {
+        match spec {
+            ActorSpec::Instance(i) => {
+                debug_assert_eq!(list.len() as u32, id);
+                let instance = i.actor(
+                    trace.clone(),
+                    hashes.clone(),
+                    policy_impl.clone(),
+                    backend(i.index),
+                );
+                list.push((Box::new(instance), place));
+            }
+            ActorSpec::Server(sv) => servers.push((Box::new(sv.actor(memory.clone())), place)),
+        }
     }
     if let Some(rules) = rules {
         let mut dir = Directory::new(store_params(s, &rules));
@@ -294,13 +290,7 @@ pub fn actors(
         }
         debug_assert_eq!(list.len() as u32, metadata_id.0);
         list.push((Box::new(metadata), Place::Host { node: 0 }));
-        for node in 0..s.hardware.nodes {
-            let mut server = StoreServer::new(node, metadata_id);
-            if let Some(m) = &memory {
-                server = server.with_memory(m.clone());
-            }
-            list.push((Box::new(server), Place::Host { node }));
-        }
+        list.extend(servers);
     }
     let targets = Targets {
         router: router_id,

@@ -31,15 +31,19 @@ pub enum WorkloadSpec {
 }
 
 /// Index of a request in its trace.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct ReqId(pub u32);
 
 /// Index of a segment in a [`TokenArena`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct SegId(pub u32);
 
 /// Token ids of every segment, stored back to back.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TokenArena {
     tokens: Vec<u32>,
     /// Start offset of each segment; segment `i` ends where `i + 1` starts.
@@ -82,7 +86,7 @@ impl TokenArena {
 }
 
 /// One request: when it arrives, its prompt and how many tokens it generates.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Request {
     pub arrival: Nanos,
     pub segments: Vec<SegId>,
@@ -93,7 +97,7 @@ pub struct Request {
 }
 
 /// A workload: requests sorted by arrival, and the token ids of their prompts.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Trace {
     pub arena: TokenArena,
     pub requests: Vec<Request>,
@@ -102,6 +106,47 @@ pub struct Trace {
 }
 
 impl Trace {
+    /// Checks a trace that came from elsewhere (another process): segment starts in order
+    /// and within the tokens, every request's segments there and its prompt length theirs,
+    /// arrivals in order, token ids below `vocab`.
+    pub fn check(&self, vocab: u32) -> Result<(), String> {
+        let a = &self.arena;
+        if a.starts.windows(2).any(|w| w[0] > w[1])
+            || a.starts
+                .last()
+                .is_some_and(|&s| s as usize > a.tokens.len())
+        {
+            return Err("trace: segments out of order or beyond its tokens".into());
+        }
+        if let Some(t) = a.tokens.iter().find(|&&t| t >= vocab) {
+            return Err(format!("trace: token id {t} of a {vocab}-id vocabulary"));
+        }
+        let mut last = Nanos::ZERO;
+        for (i, r) in self.requests.iter().enumerate() {
+            let mut n = 0u64;
+            for s in &r.segments {
+                if s.0 as usize >= a.starts.len() {
+                    return Err(format!("trace: request {i} names segment {}", s.0));
+                }
+                n += a.segment(*s).len() as u64;
+            }
+            if n != r.prompt_tokens as u64 {
+                return Err(format!(
+                    "trace: request {i} has {} prompt tokens, its segments {n}",
+                    r.prompt_tokens
+                ));
+            }
+            if r.arrival < last {
+                return Err(format!(
+                    "trace: request {i} arrives before request {}",
+                    i - 1
+                ));
+            }
+            last = r.arrival;
+        }
+        Ok(())
+    }
+
     pub fn request(&self, id: ReqId) -> &Request {
         &self.requests[id.0 as usize]
     }

@@ -194,6 +194,7 @@ impl Coordinator {
                 home: home.clone(),
                 seed,
                 max_frame,
+                shared: placement.shared.clone(),
             };
             self.frame_to(k as u16, &Frame::Setup(setup), max_frame)?;
         }
@@ -335,6 +336,13 @@ impl Coordinator {
                                 }
                             }
                         }
+                        Ok((sender, Frame::Read { run: r, seq, .. })) if r == run => {
+                            // The coordinator's actors hold no memory that others read.
+                            if let Some(to) = Net::agent_of(sender) {
+                                let f = Frame::ReadReply { run, seq, data: None };
+                                let _ = send_frame(&to, self.net.incarnation, &f, max_frame);
+                            }
+                        }
                         Ok(_) => {}
                         Err(e) => tracing::warn!("dropping a malformed frame: {e}"),
                     }
@@ -382,6 +390,7 @@ impl Coordinator {
             mut fetched,
             mut wire_bytes,
             mut wire_frames,
+            mut remote_read,
         ] = host.totals();
         host.stop().await;
         let mut waiting: HashSet<u16> =
@@ -404,17 +413,22 @@ impl Coordinator {
                     node,
                     report: part,
                     totals,
+                    more,
                 },
             )) = decode_frame(&b, max_frame)
                 && r == run
-                && waiting.remove(&node)
+                && waiting.contains(&node)
             {
                 messages += totals[0];
                 bytes += totals[1];
                 fetched += totals[2];
                 wire_bytes += totals[3];
                 wire_frames += totals[4];
-                parts.insert(node, part);
+                remote_read += totals[5];
+                parts.entry(node).or_default().merge(part);
+                if !more {
+                    waiting.remove(&node);
+                }
             }
         }
         for (_, p) in parts {
@@ -423,7 +437,14 @@ impl Coordinator {
         LiveOutcome::new(
             report,
             wall,
-            [messages, bytes, fetched, wire_bytes, wire_frames],
+            [
+                messages,
+                bytes,
+                fetched,
+                wire_bytes,
+                wire_frames,
+                remote_read,
+            ],
         )
     }
 

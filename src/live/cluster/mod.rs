@@ -12,10 +12,15 @@
 //!
 //! **A run.** The coordinator connects to every node, asks who it is (`Hello`), and sends
 //! each a `Setup`: the run's processes (incarnation and address), the node of every actor,
-//! the seed and the run's frame limit. Nodes connect to each other (node `k` dials nodes `1
-//! .. k`), then the coordinator `Place`s each actor on its node as a spec in the system's
-//! encoding (a pipeline shard: model, layer range, cache limits, neighbours), which the node
-//! builds with the same code as a one-process run (`crate::pipeline::cluster`). Nodes named
+//! the seed, the run's frame limit and what the system's actors of every process share
+//! ([`System::shared`]: nothing for pipelines; the trace, model and K/V geometry for
+//! serving). Nodes connect to each other (node `k` dials nodes `1 .. k`), then the
+//! coordinator `Place`s each actor on its node as a spec in the system's encoding (a
+//! pipeline shard: model, layer range, cache limits, neighbours; a serving instance or store
+//! server), which the node builds with the same code as a one-process run
+//! (`crate::pipeline::cluster`, `crate::serving::cluster`). Besides actor messages, a
+//! process may read another's memory one-sided (`Read`, answered by the holder's loop from
+//! its shared state without its actors: a serving store load; see [`Reads`]). Nodes named
 //! beyond those that host actors are *spares*. `Go` starts every actor; from then on the
 //! actors' messages travel as `Deliver` frames between agents, and each process hosts its
 //! actors in the shells of [`super::host`], so the actor code is the same as in one process.
@@ -53,10 +58,12 @@
 mod coordinator;
 mod net;
 mod node;
+mod reads;
 
 pub use coordinator::Coordinator;
 pub use net::{AgentMsg, Net, read_cookie, send_raw_frames};
 pub use node::{NodeRunFn, node_run, serve};
+pub use reads::{MAX_PENDING, READ_TIMEOUT, Reads};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -88,9 +95,30 @@ fn group_of(incarnation: u64) -> String {
 /// A system whose actors can be placed on nodes: how a node builds one from its spec.
 pub trait System: 'static {
     type Msg: WireMessage;
+    /// What the actors of one run share inside one process (the serving system's trace,
+    /// model weights and store memory), made when the process joins the run.
+    type Shared: Send + Sync + 'static;
+    /// The shared state of process `setup.node` of a run, from `setup.shared` (the system's
+    /// encoding), refusing what needs more than `max_memory` bytes; `reads` reads other
+    /// processes' memory.
+    fn shared(
+        setup: &crate::live::wire::Setup,
+        max_memory: u64,
+        reads: std::sync::Arc<Reads>,
+    ) -> Result<Self::Shared, String>;
     /// Builds the actor of `spec` (the system's encoding), refusing one that needs more than
     /// `max_memory` bytes.
-    fn build(spec: &[u8], max_memory: u64) -> Result<Box<dyn Actor<Self::Msg>>, String>;
+    fn build(
+        spec: &[u8],
+        max_memory: u64,
+        shared: &Self::Shared,
+    ) -> Result<Box<dyn Actor<Self::Msg>>, String>;
+    /// Answers a one-sided read of this process's memory ([`crate::live::wire::Frame::Read`];
+    /// `key` in the system's encoding): the bytes, or `None` when they are not here.
+    fn read(shared: &Self::Shared, key: &[u8]) -> Option<Vec<u8>> {
+        let _ = (shared, key);
+        None
+    }
 }
 
 /// What a node process is allowed to do.
@@ -105,6 +133,8 @@ pub struct NodeLimits {
 pub struct Placement<M> {
     pub local: BTreeMap<u32, Box<dyn Actor<M>>>,
     pub remote: BTreeMap<u32, (u16, Vec<u8>)>,
+    /// What every node needs besides its actors' specs ([`System::shared`]).
+    pub shared: Vec<u8>,
 }
 
 /// Parses a listen address, `HOST:PORT`.

@@ -114,7 +114,9 @@ pub async fn node_run<S: System>(
     };
     let inc = net.incarnation;
     let tell = |f: &Frame| {
-        let _ = send_frame(&coord, inc, f, limit);
+        if let Err(e) = send_frame(&coord, inc, f, limit) {
+            tracing::warn!("a frame to the coordinator: {e}");
+        }
     };
     // Reach every other node of the run: dial those before us, wait for those after.
     let procs = setup.nodes.len();
@@ -149,6 +151,18 @@ pub async fn node_run<S: System>(
         max_frame: limit,
         agents: RwLock::new(agents),
     });
+    let reads = Reads::new(out.clone());
+    let shared = match S::shared(&setup, limits.max_memory, reads.clone()) {
+        Ok(s) => s,
+        Err(e) => {
+            tell(&Frame::Ready {
+                run,
+                node: me,
+                error: Some(e.clone()),
+            });
+            return Err(e);
+        }
+    };
     let routes: Vec<Route<S::Msg>> = setup.home.iter().map(|&h| Route::Remote(h)).collect();
     let outbound: Arc<dyn Outbound<S::Msg>> = out.clone();
     let mut host = LocalHost::new(procs, routes, setup.seed, Some(outbound));
@@ -175,10 +189,11 @@ pub async fn node_run<S: System>(
                         break Err("the coordinator is gone; dropping the run".to_string());
                     }
                     Some(SessionEvent::Down { node_id, .. }) => {
-                        if let Some(k) = node_ids.iter().position(|n| *n == Some(node_id))
-                            && let Ok(mut a) = out.agents.write()
-                        {
-                            a[k] = None;
+                        if let Some(k) = node_ids.iter().position(|n| *n == Some(node_id)) {
+                            if let Ok(mut a) = out.agents.write() {
+                                a[k] = None;
+                            }
+                            reads.lost(k as u16);
                         }
                         continue;
                     }
@@ -230,7 +245,7 @@ pub async fn node_run<S: System>(
                         error = Some(format!("actor {id} is not of this run"));
                         break;
                     }
-                    match S::build(&spec, limits.max_memory) {
+                    match S::build(&spec, limits.max_memory, &shared) {
                         Ok(a) => {
                             if let Err(e) = host.add(ActorId(id), a).await {
                                 error = Some(e.to_string());
@@ -272,6 +287,16 @@ pub async fn node_run<S: System>(
                     host.set_route(ActorId(actor), Route::Remote(node));
                 }
             }
+            Frame::Read { run: r, seq, key } if r == run => {
+                let data = S::read(&shared, &key);
+                if let Some(to) = Net::agent_of(sender) {
+                    let f = Frame::ReadReply { run, seq, data };
+                    if let Err(e) = send_frame(&to, net.incarnation, &f, limit) {
+                        tracing::warn!("answering read {seq}: {e}");
+                    }
+                }
+            }
+            Frame::ReadReply { run: r, seq, data } if r == run => reads.answer(seq, data),
             Frame::Poll { run: r, wave } if r == run => {
                 tell(&Frame::Counts {
                     run,
@@ -285,13 +310,20 @@ pub async fn node_run<S: System>(
                     violations: vec![e.to_string()],
                     ..Report::default()
                 });
-                let totals = host.totals();
-                tell(&Frame::ReportReply {
-                    run,
-                    node: me,
-                    report,
-                    totals,
-                });
+                let mut totals = host.totals();
+                totals[5] = reads.payload_bytes();
+                // In parts that fit the frame limit (per-request outputs and logits add up).
+                let parts = report_parts(report, limit / 2);
+                let n = parts.len();
+                for (i, report) in parts.into_iter().enumerate() {
+                    tell(&Frame::ReportReply {
+                        run,
+                        node: me,
+                        report,
+                        totals: if i + 1 == n { totals } else { [0; 6] },
+                        more: i + 1 < n,
+                    });
+                }
             }
             Frame::End { run: r } if r == run => {
                 host.stop().await;
@@ -318,4 +350,66 @@ pub async fn node_run<S: System>(
     };
     host.stop().await;
     result
+}
+
+/// `report` in parts of about `budget` bytes each: the first holds everything but the
+/// per-request outputs and first-token logits, which follow in as many parts as they need
+/// (merging the parts gives `report` back).
+pub(super) fn report_parts(mut report: Report, budget: u64) -> Vec<Report> {
+    let budget = budget.max(1 << 16);
+    let outputs = std::mem::take(&mut report.outputs);
+    let logits = std::mem::take(&mut report.first_logits);
+    let mut parts = vec![report];
+    let mut part = Report::default();
+    let mut size = 0u64;
+    let full = |size: u64, add: u64| size > 0 && size + add > budget;
+    for o in outputs {
+        let add = 16 + 4 * o.1.len() as u64;
+        if full(size, add) {
+            parts.push(std::mem::take(&mut part));
+            size = 0;
+        }
+        size += add;
+        part.outputs.push(o);
+    }
+    for l in logits {
+        let add = 16 + 4 * l.1.len() as u64;
+        if full(size, add) {
+            parts.push(std::mem::take(&mut part));
+            size = 0;
+        }
+        size += add;
+        part.first_logits.push(l);
+    }
+    if size > 0 {
+        parts.push(part);
+    }
+    parts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_in_parts_merges_back_into_itself_and_each_part_fits() {
+        let r = Report {
+            violations: vec!["v".into()],
+            failovers: 3,
+            outputs: (0..50).map(|q| (q, vec![q; 100])).collect(),
+            first_logits: (0..50).map(|q| (q, vec![q as f32; 20_000])).collect(),
+            ..Report::default()
+        };
+        let parts = report_parts(r.clone(), 1 << 18);
+        assert!(parts.len() > 5, "{} parts", parts.len());
+        for p in &parts {
+            let b = postcard::to_allocvec(p).unwrap();
+            assert!(b.len() < (1 << 18) + 100_000, "{}", b.len());
+        }
+        let mut back = Report::default();
+        for p in parts {
+            back.merge(p);
+        }
+        assert_eq!(back, r);
+    }
 }

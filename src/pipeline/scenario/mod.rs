@@ -374,33 +374,5 @@ fn validate(
     })
 }
 
-/// Most `meshsim node`s a run may name.
-pub const MAX_NODES: usize = 256;
-
-/// Checks `[live] nodes` (or `--nodes`): each `HOST:PORT` with a port, none twice, at most
-/// [`MAX_NODES`].
-pub(crate) fn live_nodes(c: &Check<'_>, nodes: &[String]) -> Result<Vec<String>, ScenarioError> {
-    if nodes.len() > MAX_NODES {
-        return Err(c.err(
-            "live.nodes",
-            format!("{} nodes; at most {MAX_NODES}", nodes.len()),
-        ));
-    }
-    let mut seen = std::collections::BTreeSet::new();
-    for n in nodes {
-        let port = n.rsplit_once(':').map(|(h, p)| (h, p.parse::<u16>()));
-        match port {
-            Some((h, Ok(p))) if !h.is_empty() && p != 0 => {}
-            _ => {
-                return Err(c.err(
-                    "live.nodes",
-                    format!("{n:?} is not HOST:PORT (e.g. \"127.0.0.1:7001\")"),
-                ));
-            }
-        }
-        if !seen.insert(n.as_str()) {
-            return Err(c.err("live.nodes", format!("{n} is named twice")));
-        }
-    }
-    Ok(nodes.to_vec())
-}
+pub use crate::scenario::MAX_NODES;
+pub(crate) use crate::scenario::live_nodes;

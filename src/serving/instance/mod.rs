@@ -96,7 +96,7 @@ use crate::units::Nanos;
 use crate::workload::{ReqId, Trace};
 
 /// Limits and sizes of one instance.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct InstanceConfig {
     pub block_size: u32,
     pub num_blocks: u32,
@@ -106,7 +106,7 @@ pub struct InstanceConfig {
 }
 
 /// How an instance reaches the distributed prefix store.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StoreLink {
     pub metadata: ActorId,
     /// Store server of every node, by node.

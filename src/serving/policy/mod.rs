@@ -75,7 +75,9 @@ pub trait Policy: Send + Sync + fmt::Debug {
 }
 
 /// The policies a scenario can name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum PolicyKind {
     Vanilla,
@@ -97,6 +99,16 @@ impl PolicyKind {
         }
     }
 
+    /// The policy with the scenario's store settings, as it crosses processes.
+    pub fn spec(self, store: &StoreConfig) -> PolicySpec {
+        let p = self.build(store);
+        PolicySpec {
+            kind: self,
+            rules: p.store_rules(),
+            gpu_cache: p.keep_gpu_blocks(),
+        }
+    }
+
     /// Whether the policy uses the distributed prefix store.
     pub fn uses_store(self) -> bool {
         matches!(self, PolicyKind::EvoStore | PolicyKind::PtStore)
@@ -109,5 +121,101 @@ impl PolicyKind {
             PolicyKind::EvoStore => "evostore",
             PolicyKind::PtStore => "ptstore",
         }
+    }
+}
+
+/// A policy as the serving actors get it (what [`PolicyKind::build`] makes of a scenario's
+/// store settings), in a form that crosses processes.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PolicySpec {
+    pub kind: PolicyKind,
+    /// The store policies' rules (`None` for the others).
+    pub rules: Option<StoreRules>,
+    /// Whether full prompt blocks stay in GPU memory (store policies: the GPU prefix cache).
+    pub gpu_cache: bool,
+}
+
+impl PolicySpec {
+    /// The policy, or why not (a store policy without rules, or a policy of fixed GPU-cache
+    /// behaviour asked for the other).
+    pub fn build(&self) -> Result<Box<dyn Policy>, String> {
+        let p: Box<dyn Policy> = match (self.kind, self.rules) {
+            (PolicyKind::Vanilla, None) => Box::new(Vanilla),
+            (PolicyKind::LocalPrefix, None) => Box::new(LocalPrefix),
+            (PolicyKind::EvoStore | PolicyKind::PtStore, Some(rules)) => Box::new(StorePolicy {
+                name: self.kind.name(),
+                rules,
+                gpu_cache: self.gpu_cache,
+            }),
+            (kind, _) => {
+                return Err(format!(
+                    "policy {} with store rules {:?}",
+                    kind.name(),
+                    self.rules
+                ));
+            }
+        };
+        if p.keep_gpu_blocks() != self.gpu_cache {
+            return Err(format!(
+                "policy {} cannot have the GPU prefix cache {}",
+                p.name(),
+                if self.gpu_cache { "on" } else { "off" }
+            ));
+        }
+        Ok(p)
+    }
+}
+
+#[cfg(test)]
+mod spec_tests {
+    use super::*;
+
+    #[test]
+    fn a_policy_spec_builds_the_policy_the_scenario_would() {
+        use crate::serving::store::eviction::Eviction;
+        use crate::serving::store::{EvoStoreConfig, PtStoreConfig};
+        use crate::units::Nanos;
+        let mut store = StoreConfig {
+            tensor_tokens: 32,
+            host_capacity_bytes: 1 << 30,
+            ssd_capacity_bytes: 0,
+            metadata_service: Nanos::ZERO,
+            fetch_request_overhead: Nanos::ZERO,
+            fetch_segment_overhead: Nanos::ZERO,
+            gpu_prefix_cache: true,
+            load_overlap: Default::default(),
+            read_lease: Nanos::ZERO,
+            evostore: EvoStoreConfig {
+                eviction: Eviction::Lru,
+            },
+            ptstore: PtStoreConfig {
+                eviction: Eviction::Gdsf,
+                replica_fraction: 0.25,
+                replicate_after_reads: Some(2),
+                consolidate: true,
+            },
+        };
+        for gpu in [true, false] {
+            store.gpu_prefix_cache = gpu;
+            for k in [
+                PolicyKind::Vanilla,
+                PolicyKind::LocalPrefix,
+                PolicyKind::EvoStore,
+                PolicyKind::PtStore,
+            ] {
+                let want = k.build(&store);
+                let got = k.spec(&store).build().unwrap();
+                assert_eq!(got.name(), want.name());
+                assert_eq!(got.lookup_tiers(), want.lookup_tiers());
+                assert_eq!(got.keep_gpu_blocks(), want.keep_gpu_blocks());
+                assert_eq!(got.store_rules(), want.store_rules());
+            }
+        }
+        let bad = PolicySpec {
+            kind: PolicyKind::Vanilla,
+            rules: None,
+            gpu_cache: true,
+        };
+        assert!(bad.build().is_err());
     }
 }

@@ -72,6 +72,11 @@ pub struct Scenario {
     pub live: bool,
     /// Live runs: the wall-clock limit of one policy's run (`limits.max_wall_s`).
     pub max_wall: std::time::Duration,
+    /// `[live] nodes` (or `--nodes`): the `meshsim node` processes a live run places each
+    /// scenario node's instances and store server on; empty: one process.
+    pub nodes: Vec<String>,
+    /// `[live] cookie_file` (or `--cookie-file`), resolved against the scenario's folder.
+    pub cookie_file: Option<std::path::PathBuf>,
 }
 
 /// One point of a sweep.
@@ -318,6 +323,12 @@ fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenar
         points: Vec::new(),
         faults,
         live: r.mode == RawMode::Live,
+        nodes: crate::scenario::live_nodes(&c, &r.live.nodes)?,
+        cookie_file: r
+            .live
+            .cookie_file
+            .as_ref()
+            .map(|f| Path::new(file).parent().unwrap_or(Path::new("")).join(f)),
         max_wall: std::time::Duration::from_secs_f64({
             let w = c.positive("limits.max_wall_s", r.limits.max_wall_s)?;
             if w > crate::serving::live::MAX_WALL_S {

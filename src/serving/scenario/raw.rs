@@ -37,6 +37,19 @@ pub struct Raw {
     /// `[[fault]]`: faults to inject (see `crate::sim::fault`).
     #[serde(default)]
     pub fault: Vec<crate::scenario::fault::RawFault>,
+    /// `[live]`: the `meshsim node`s a live run places its instances and store servers on.
+    #[serde(default)]
+    pub live: RawLive,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLive {
+    /// `HOST:PORT` of each `meshsim node`; empty: every actor in this process.
+    #[serde(default)]
+    pub nodes: Vec<String>,
+    /// The cluster's cookie, relative to the scenario's folder.
+    pub cookie_file: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -20,7 +20,7 @@ use std::collections::{BinaryHeap, HashMap};
 use crate::hash::IdBuildHasher;
 
 /// Which order a cache evicts in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Eviction {
     Lru,

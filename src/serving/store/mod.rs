@@ -75,7 +75,7 @@ pub struct StoreConfig {
 }
 
 /// How a request's store loads overlap its compute (`store.load_overlap`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum LoadOverlap {
     /// The request computes nothing until every load has arrived (vLLM's
@@ -104,7 +104,7 @@ pub struct PtStoreConfig {
 }
 
 /// What a store policy does beyond EvoStore's incremental store.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StoreRules {
     pub eviction: Eviction,
     pub replica_fraction: f64,

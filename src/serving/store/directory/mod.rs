@@ -81,7 +81,9 @@ use crate::metrics::{StoreStats, Tier};
 pub type TensorId = u64;
 
 /// Where an owned tensor lives on its owner.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub enum Location {
     Host,
     Ssd,
@@ -202,7 +204,7 @@ struct Server {
 }
 
 /// One part of a load: the tensors that come from one node's tier.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LoadGroup {
     pub node: u32,
     pub location: Location,
@@ -221,7 +223,7 @@ pub struct LoadGroup {
 
 /// A change of what a server holds, in the order the directory made it: what a store that
 /// holds real bytes applies to its memory (see [`Directory::changes`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Change {
     /// `node` now owns `id` in host memory (its bytes are the ones its server just received).
     Stored { node: u32, id: TensorId },
@@ -249,7 +251,7 @@ impl Change {
 }
 
 /// The answer to a lookup.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LoadPlan {
     /// Leading chunks of the query that are stored (including the skipped ones).
     pub stored_chunks: u32,

@@ -1,0 +1,195 @@
+//! Live serving across processes (`meshsim node`, `meshsim::serving::cluster`), on 127.0.0.1
+//! only: the router and the metadata service in this process, each scenario node's
+//! instances and store server in a `meshsim node` process of its own. A store load from
+//! another node really crosses the socket, and the K/V bytes it moves are the ones the
+//! simulation's network carries for the same load. Bounded in wall-clock time; the nodes are
+//! killed at the end.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::node::{Node, cookie};
+use meshsim::metrics::{RequestRecord, Tier};
+use meshsim::serving::live::live_all;
+use meshsim::serving::policy::PolicyKind;
+use meshsim::serving::run::{PolicyRun, simulate, trace};
+use meshsim::serving::scenario::Scenario;
+
+/// 2 nodes x 2 instances of tiny-32k, 32 seeded prompts about 6 shared contexts, stores that
+/// demote and replicate; in processes `nodes` when given.
+fn scenario(live: Option<(&[&Node], &std::path::Path)>) -> Scenario {
+    let mut text = String::from(
+        r#"
+name = "cluster_serving"
+seed = 3
+policies = ["vanilla", "evostore", "ptstore"]
+mode = "live"
+[hardware]
+nodes = 2
+gpus_per_node = 2
+[hardware.gpu]
+name = "cpu"
+memory_gib = 0.25
+memory_bandwidth_gb_per_s = 10.0
+peak_tflops = 0.02
+compute_efficiency = 1.0
+memory_efficiency = 1.0
+[hardware.host]
+memory_gib = 8.0
+memory_bandwidth_gb_per_s = 5.0
+[hardware.ssd]
+drives = 1
+capacity_gb_per_drive = 1.0
+read_bandwidth_gb_per_s_per_drive = 5.0
+write_bandwidth_gb_per_s_per_drive = 5.0
+latency_us = 1.0
+[hardware.pcie]
+bandwidth_gb_per_s = 5.0
+latency_ns = 1000
+[hardware.nvlink]
+bandwidth_gb_per_s = 5.0
+latency_ns = 1000
+[hardware.network]
+nics_per_node = 1
+nic_bandwidth_gbit_per_s = 40.0
+nic_latency_ns = 1000
+switch_latency_ns = 0
+switch_hops = 1
+[model]
+preset = "tiny-32k"
+dtype = "f32"
+[serving]
+block_size_tokens = 16
+max_num_seqs = 8
+max_batched_tokens = 512
+memory_reserve_gib = 0.1
+shared_device = true
+[workload]
+dataset = "squad"
+requests = 32
+arrival_rate_per_s = 10.0
+context = "window"
+context_tokens = 160
+system_prompt_tokens = 16
+[workload.reuse]
+contexts = 6
+questions_per_context = 6
+[workload.output_tokens]
+distribution = "fixed"
+tokens = 4
+[store]
+tensor_tokens = 32
+host_capacity_gib = 0.002
+ssd_capacity_gb = 0.004
+[store.ptstore]
+replicate_after_reads = 1
+[limits]
+max_wall_s = 300.0
+"#,
+    );
+    if let Some((nodes, cookie)) = live {
+        let list: Vec<String> = nodes.iter().map(|n| format!("\"{}\"", n.addr)).collect();
+        text += &format!(
+            "[live]\nnodes = [{}]\ncookie_file = \"{}\"\n",
+            list.join(", "),
+            cookie.display()
+        );
+    }
+    Scenario::parse("cluster_serving.toml", "cluster_serving", &text).unwrap()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn remote(r: &RequestRecord) -> u64 {
+    r.loaded_bytes[Tier::RemoteHost as usize] + r.loaded_bytes[Tier::RemoteSsd as usize]
+}
+
+fn by_id(run: &PolicyRun) -> BTreeMap<u32, &RequestRecord> {
+    run.report.records.iter().map(|r| (r.id, r)).collect()
+}
+
+#[test]
+fn store_loads_cross_the_socket_with_the_simulations_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = cookie(dir.path(), "cookie", "the-serving-cluster-cookie-42");
+    let rt = runtime();
+    let n1 = Node::start(&key);
+    let n2 = Node::start(&key);
+
+    let s = scenario(Some((&[&n1, &n2], &key)));
+    // live_all fails unless every policy's tokens equal vanilla's and its first-token
+    // logits agree within the tolerance.
+    let runs = rt
+        .block_on(live_all(&s))
+        .unwrap_or_else(|e| panic!("{e}\nnode 1:\n{}\nnode 2:\n{}", n1.log(), n2.log()));
+    assert_eq!(runs.len(), 3);
+    for r in &runs {
+        assert_eq!(r.report.outputs.len(), 32, "{}", r.policy.name());
+        assert!(r.report.records.iter().all(|q| q.completed()));
+    }
+    let checks: Vec<_> = runs.iter().filter_map(|r| r.output_check.clone()).collect();
+    assert_eq!(checks.len(), 2);
+    assert!(
+        checks
+            .iter()
+            .all(|c| c.problem.is_none() && c.requests == 32)
+    );
+
+    // The same greedy tokens as every actor in one process (same seeded weights).
+    let mut one = scenario(None);
+    one.policies = vec![PolicyKind::Vanilla];
+    let alone = rt.block_on(live_all(&one)).unwrap();
+    assert_eq!(alone[0].report.outputs, runs[0].report.outputs);
+
+    // Every byte a remote load accounts for crossed a socket, and only those: the K/V that
+    // the instances read from the other process equals the remote loads of their records.
+    let mut sim = s.clone();
+    sim.live = false;
+    let t = std::sync::Arc::new(trace(&sim).unwrap());
+    let mut compared = 0;
+    for r in runs.iter().filter(|r| r.policy.uses_store()) {
+        let across = r.across.expect("a run across processes says what crossed");
+        let accounted: u64 = r.report.records.iter().map(remote).sum();
+        let loaded: u64 = r.report.records.iter().flat_map(|q| q.loaded_bytes).sum();
+        assert!(accounted > 0, "{}: no remote load", r.policy.name());
+        assert_eq!(across.remote_read, accounted, "{}", r.policy.name());
+        assert_eq!(across.fetched, loaded, "{}", r.policy.name());
+        assert!(across.frames > 0 && across.frame_bytes > 0);
+
+        // The simulation of the same scenario: wherever it planned a request's loads as
+        // the live run did (the same reused tokens from each tier), its network carried the
+        // same bytes for them.
+        let simulated = simulate(&sim, t.clone(), r.policy).unwrap();
+        let (live, model) = (by_id(r), by_id(&simulated));
+        let mut same = 0;
+        for (id, q) in &live {
+            let m = model[id];
+            if m.reused == q.reused {
+                assert_eq!(m.loaded_bytes, q.loaded_bytes, "request {id}");
+                same += 1;
+                if remote(q) > 0 {
+                    compared += 1;
+                }
+            }
+        }
+        eprintln!(
+            "{}: {same} of 32 requests planned alike in the simulation; {} remote K/V bytes \
+             across the socket",
+            r.policy.name(),
+            across.remote_read
+        );
+        assert!(
+            same >= 16,
+            "{}: only {same} requests planned alike",
+            r.policy.name()
+        );
+    }
+    assert!(compared > 0, "no remote load planned alike to compare");
+}
