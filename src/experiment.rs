@@ -102,8 +102,8 @@ impl Experiment {
         }
     }
 
-    /// `--nodes` (comma-separated `HOST:PORT`s) and `--cookie-file`: a live pipeline run
-    /// across `meshsim node` processes. Serving scenarios run live in one process only.
+    /// `--nodes` (comma-separated `HOST:PORT`s) and `--cookie-file`: a live run across
+    /// `meshsim node` processes (a pipeline's shards, or a serving scenario's nodes).
     pub fn set_cluster(
         &mut self,
         file: &str,
@@ -111,70 +111,47 @@ impl Experiment {
         cookie_file: Option<PathBuf>,
     ) -> Result<(), ScenarioError> {
         let c = crate::scenario::Check { file };
-        match self {
+        let nodes = match nodes {
+            Some(n) => Some(crate::scenario::live_nodes(
+                &c,
+                &n.split(',')
+                    .map(|x| x.trim().to_string())
+                    .filter(|x| !x.is_empty())
+                    .collect::<Vec<_>>(),
+            )?),
+            None => None,
+        };
+        let apply = |to_nodes: &mut Vec<String>, to_cookie: &mut Option<PathBuf>| {
+            if let Some(n) = &nodes {
+                *to_nodes = n.clone();
+            }
+            if let Some(f) = &cookie_file {
+                *to_cookie = Some(f.clone());
+            }
+        };
+        let live = match self {
             Experiment::Pipeline(s) => {
-                let nodes = match nodes {
-                    Some(n) => Some(crate::scenario::live_nodes(
-                        &c,
-                        &n.split(',')
-                            .map(|x| x.trim().to_string())
-                            .filter(|x| !x.is_empty())
-                            .collect::<Vec<_>>(),
-                    )?),
-                    None => None,
-                };
-                let apply = |p: &mut crate::pipeline::scenario::PipelineScenario| {
-                    if let Some(n) = &nodes {
-                        p.nodes = n.clone();
-                    }
-                    if let Some(f) = &cookie_file {
-                        p.cookie_file = Some(f.clone());
-                    }
-                };
-                apply(s);
+                apply(&mut s.nodes, &mut s.cookie_file);
                 for p in &mut s.points {
-                    apply(&mut p.scenario);
+                    apply(&mut p.scenario.nodes, &mut p.scenario.cookie_file);
                 }
-                if nodes.is_some() && !s.live {
-                    return Err(c.err(
-                        "live.nodes",
-                        "--nodes places a live run: give --live (or mode = \"live\")",
-                    ));
-                }
-                Ok(())
+                s.live
             }
             Experiment::Serving(s) => {
-                let nodes = match nodes {
-                    Some(n) => Some(crate::scenario::live_nodes(
-                        &c,
-                        &n.split(',')
-                            .map(|x| x.trim().to_string())
-                            .filter(|x| !x.is_empty())
-                            .collect::<Vec<_>>(),
-                    )?),
-                    None => None,
-                };
-                let apply = |p: &mut crate::serving::scenario::Scenario| {
-                    if let Some(n) = &nodes {
-                        p.nodes = n.clone();
-                    }
-                    if let Some(f) = &cookie_file {
-                        p.cookie_file = Some(f.clone());
-                    }
-                };
-                apply(s);
+                apply(&mut s.nodes, &mut s.cookie_file);
                 for p in &mut s.points {
-                    apply(&mut p.scenario);
+                    apply(&mut p.scenario.nodes, &mut p.scenario.cookie_file);
                 }
-                if nodes.is_some() && !s.live {
-                    return Err(c.err(
-                        "live.nodes",
-                        "--nodes places a live run: give --live (or mode = \"live\")",
-                    ));
-                }
-                Ok(())
+                s.live
             }
+        };
+        if nodes.is_some() && !live {
+            return Err(c.err(
+                "live.nodes",
+                "--nodes places a live run: give --live (or mode = \"live\")",
+            ));
         }
+        Ok(())
     }
 
     /// Checks what only a live run needs (sizes a CPU can hold); `Ok` for simulations.

@@ -48,14 +48,6 @@ fn scenario_text(nodes: &[&Node], cookie: Option<&Path>, output: u32) -> String 
     text
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 fn one(runs: Vec<PipelineRun>) -> PipelineRun {
     assert_eq!(runs.len(), 1);
     runs.into_iter().next().unwrap()
@@ -102,7 +94,7 @@ fn kill_when_started(node: &Node) -> std::thread::JoinHandle<()> {
 fn pipeline_routes_across_meshsim_node_processes() {
     let dir = tempfile::tempdir().unwrap();
     let good = cookie(dir.path(), "cookie", "the-cluster-cookie-0123456789");
-    let rt = runtime();
+    let rt = common::runtime();
 
     // The reference: every actor in this process.
     let alone = one(rt.block_on(live_all(&scenario(&[], None, 24))).unwrap());

@@ -19,47 +19,15 @@ use meshsim::serving::scenario::Scenario;
 /// 2 nodes x 2 instances of tiny-32k, 32 seeded prompts about 6 shared contexts, stores that
 /// demote and replicate; in processes `nodes` when given.
 fn scenario(live: Option<(&[&Node], &std::path::Path)>) -> Scenario {
-    let mut text = String::from(
+    let mut text = [
         r#"
 name = "cluster_serving"
 seed = 3
 policies = ["vanilla", "evostore", "ptstore"]
 mode = "live"
-[hardware]
-nodes = 2
-gpus_per_node = 2
-[hardware.gpu]
-name = "cpu"
-memory_gib = 0.25
-memory_bandwidth_gb_per_s = 10.0
-peak_tflops = 0.02
-compute_efficiency = 1.0
-memory_efficiency = 1.0
-[hardware.host]
-memory_gib = 8.0
-memory_bandwidth_gb_per_s = 5.0
-[hardware.ssd]
-drives = 1
-capacity_gb_per_drive = 1.0
-read_bandwidth_gb_per_s_per_drive = 5.0
-write_bandwidth_gb_per_s_per_drive = 5.0
-latency_us = 1.0
-[hardware.pcie]
-bandwidth_gb_per_s = 5.0
-latency_ns = 1000
-[hardware.nvlink]
-bandwidth_gb_per_s = 5.0
-latency_ns = 1000
-[hardware.network]
-nics_per_node = 1
-nic_bandwidth_gbit_per_s = 40.0
-nic_latency_ns = 1000
-switch_latency_ns = 0
-switch_hops = 1
-[model]
-preset = "tiny-32k"
-dtype = "f32"
-[serving]
+"#,
+        common::LIVE_TINY_2X2,
+        r#"[serving]
 block_size_tokens = 16
 max_num_seqs = 8
 max_batched_tokens = 512
@@ -87,7 +55,8 @@ replicate_after_reads = 1
 [limits]
 max_wall_s = 300.0
 "#,
-    );
+    ]
+    .concat();
     if let Some((nodes, cookie)) = live {
         let list: Vec<String> = nodes.iter().map(|n| format!("\"{}\"", n.addr)).collect();
         text += &format!(
@@ -97,14 +66,6 @@ max_wall_s = 300.0
         );
     }
     Scenario::parse("cluster_serving.toml", "cluster_serving", &text).unwrap()
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 fn remote(r: &RequestRecord) -> u64 {
@@ -119,7 +80,7 @@ fn by_id(run: &PolicyRun) -> BTreeMap<u32, &RequestRecord> {
 fn store_loads_cross_the_socket_with_the_simulations_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let key = cookie(dir.path(), "cookie", "the-serving-cluster-cookie-42");
-    let rt = runtime();
+    let rt = common::runtime();
     let n1 = Node::start(&key);
     let n2 = Node::start(&key);
 

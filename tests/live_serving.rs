@@ -3,6 +3,8 @@
 //! vanilla's greedy tokens, with first-token logits within the stated tolerance; and a wrong
 //! load (corrupted K/V) is caught by that check.
 
+mod common;
+
 use std::sync::Arc;
 
 use meshsim::serving::live::{LOGIT_TOLERANCE, check_outputs, live_all, live_with};
@@ -13,46 +15,15 @@ use meshsim::serving::scenario::Scenario;
 /// A small live scenario: 2 nodes x 2 instances, seeded prompts of a few hundred tokens about
 /// a few shared contexts, and stores so small that they demote to SSD and drop.
 fn scenario() -> Scenario {
-    let text = r#"
+    let text = [
+        r#"
 name = "live_serving_test"
 seed = 3
 policies = ["vanilla", "local-prefix", "evostore", "ptstore"]
 mode = "live"
-[hardware]
-nodes = 2
-gpus_per_node = 2
-[hardware.gpu]
-name = "cpu"
-memory_gib = 0.25
-memory_bandwidth_gb_per_s = 10.0
-peak_tflops = 0.02
-compute_efficiency = 1.0
-memory_efficiency = 1.0
-[hardware.host]
-memory_gib = 8.0
-memory_bandwidth_gb_per_s = 5.0
-[hardware.ssd]
-drives = 1
-capacity_gb_per_drive = 1.0
-read_bandwidth_gb_per_s_per_drive = 5.0
-write_bandwidth_gb_per_s_per_drive = 5.0
-latency_us = 1.0
-[hardware.pcie]
-bandwidth_gb_per_s = 5.0
-latency_ns = 1000
-[hardware.nvlink]
-bandwidth_gb_per_s = 5.0
-latency_ns = 1000
-[hardware.network]
-nics_per_node = 1
-nic_bandwidth_gbit_per_s = 40.0
-nic_latency_ns = 1000
-switch_latency_ns = 0
-switch_hops = 1
-[model]
-preset = "tiny-32k"
-dtype = "f32"
-[serving]
+"#,
+        common::LIVE_TINY_2X2,
+        r#"[serving]
 block_size_tokens = 16
 max_num_seqs = 8
 max_batched_tokens = 512
@@ -82,8 +53,10 @@ read_lease_ms = 0.0
 replicate_after_reads = 1
 [limits]
 max_wall_s = 300.0
-"#;
-    Scenario::parse("live_serving_test.toml", "live_serving_test", text).unwrap()
+"#,
+    ]
+    .concat();
+    Scenario::parse("live_serving_test.toml", "live_serving_test", &text).unwrap()
 }
 
 /// The tests of this file time real work: they run one at a time, so that one's measurements
@@ -94,19 +67,11 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 #[test]
 fn every_policy_generates_vanillas_tokens_on_real_kv() {
     let _one = serial();
     let s = scenario();
-    let runs = runtime().block_on(live_all(&s)).unwrap();
+    let runs = common::runtime().block_on(live_all(&s)).unwrap();
     assert_eq!(runs.len(), 4);
     for r in &runs {
         assert_eq!(r.report.outputs.len(), 32, "{}", r.policy.name());
@@ -140,7 +105,7 @@ fn a_wrong_load_is_caught_by_the_output_check() {
     let _one = serial();
     let s = scenario();
     let trace = Arc::new(trace(&s).unwrap());
-    let rt = runtime();
+    let rt = common::runtime();
     let vanilla = rt
         .block_on(live_with(&s, trace.clone(), PolicyKind::Vanilla, None))
         .unwrap();
@@ -226,7 +191,7 @@ fn a_measured_profile_prices_the_live_iterations_and_calibrates_the_simulation()
     );
     s = Scenario::parse("live_serving_test.toml", "live_serving_test", &text).unwrap();
     let fit = s.serving.profile.as_ref().unwrap().1;
-    let live = runtime().block_on(live_all(&s)).unwrap();
+    let live = common::runtime().block_on(live_all(&s)).unwrap();
     for r in &live {
         let t = r.timing.unwrap();
         let priced: f64 = fit

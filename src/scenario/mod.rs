@@ -267,3 +267,23 @@ pub(crate) fn live_nodes(c: &Check<'_>, nodes: &[String]) -> Result<Vec<String>,
     }
     Ok(nodes.to_vec())
 }
+
+/// Checks, before anything starts, that a live run across `nodes` has the cluster's cookie
+/// at `cookie_file`, readable by its owner only (`[live] cookie_file` or `--cookie-file`).
+pub(crate) fn check_cookie(
+    c: &Check<'_>,
+    nodes: &[String],
+    cookie_file: Option<&std::path::Path>,
+) -> Result<(), ScenarioError> {
+    if nodes.is_empty() {
+        return Ok(());
+    }
+    let Some(path) = cookie_file else {
+        return Err(c.err(
+            "live.cookie_file",
+            "[live] nodes needs the cluster's cookie: cookie_file, or --cookie-file",
+        ));
+    };
+    crate::live::cluster::read_cookie(path).map_err(|e| c.err("live.cookie_file", e))?;
+    Ok(())
+}

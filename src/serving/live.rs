@@ -113,16 +113,7 @@ pub fn check_live(s: &Scenario, file: &str) -> Result<(), ScenarioError> {
             ),
         ));
     }
-    if !s.nodes.is_empty() {
-        // Across processes: the cookie must be there and private before anything starts.
-        let Some(path) = &s.cookie_file else {
-            return Err(c.err(
-                "live.cookie_file",
-                "[live] nodes needs the cluster's cookie: cookie_file, or --cookie-file",
-            ));
-        };
-        crate::live::cluster::read_cookie(path).map_err(|e| c.err("live.cookie_file", e))?;
-    }
+    crate::scenario::check_cookie(&c, &s.nodes, s.cookie_file.as_deref())?;
     for p in &s.points {
         check_live(&p.scenario, file)?;
     }

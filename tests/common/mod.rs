@@ -84,3 +84,50 @@ pub fn shared_datasets_in(dir: &Path) -> PathBuf {
     );
     dir.to_path_buf()
 }
+
+/// The hardware and model of the small live serving scenarios: 2 nodes x 2 "GPUs" that are
+/// shares of this machine's CPU, tiny-32k in f32 (scenario text, up to `[serving]`).
+pub const LIVE_TINY_2X2: &str = r#"[hardware]
+nodes = 2
+gpus_per_node = 2
+[hardware.gpu]
+name = "cpu"
+memory_gib = 0.25
+memory_bandwidth_gb_per_s = 10.0
+peak_tflops = 0.02
+compute_efficiency = 1.0
+memory_efficiency = 1.0
+[hardware.host]
+memory_gib = 8.0
+memory_bandwidth_gb_per_s = 5.0
+[hardware.ssd]
+drives = 1
+capacity_gb_per_drive = 1.0
+read_bandwidth_gb_per_s_per_drive = 5.0
+write_bandwidth_gb_per_s_per_drive = 5.0
+latency_us = 1.0
+[hardware.pcie]
+bandwidth_gb_per_s = 5.0
+latency_ns = 1000
+[hardware.nvlink]
+bandwidth_gb_per_s = 5.0
+latency_ns = 1000
+[hardware.network]
+nics_per_node = 1
+nic_bandwidth_gbit_per_s = 40.0
+nic_latency_ns = 1000
+switch_latency_ns = 0
+switch_hops = 1
+[model]
+preset = "tiny-32k"
+dtype = "f32"
+"#;
+
+/// A multi-threaded tokio runtime of 2 workers (live runs block inside handlers).
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}

@@ -362,25 +362,23 @@ pub(super) fn report_parts(mut report: Report, budget: u64) -> Vec<Report> {
     let mut parts = vec![report];
     let mut part = Report::default();
     let mut size = 0u64;
-    let full = |size: u64, add: u64| size > 0 && size + add > budget;
-    for o in outputs {
-        let add = 16 + 4 * o.1.len() as u64;
-        if full(size, add) {
-            parts.push(std::mem::take(&mut part));
+    // Starts a new part before `add` bytes that would take this one over the budget.
+    let mut room = |part: &mut Report, add: u64, parts: &mut Vec<Report>| {
+        if size > 0 && size + add > budget {
+            parts.push(std::mem::take(part));
             size = 0;
         }
         size += add;
+    };
+    for o in outputs {
+        room(&mut part, 16 + 4 * o.1.len() as u64, &mut parts);
         part.outputs.push(o);
     }
     for l in logits {
-        let add = 16 + 4 * l.1.len() as u64;
-        if full(size, add) {
-            parts.push(std::mem::take(&mut part));
-            size = 0;
-        }
-        size += add;
+        room(&mut part, 16 + 4 * l.1.len() as u64, &mut parts);
         part.first_logits.push(l);
     }
+    let size = part.outputs.len() + part.first_logits.len();
     if size > 0 {
         parts.push(part);
     }

@@ -290,16 +290,7 @@ impl PipelineScenario {
                 ),
             ));
         }
-        if !self.nodes.is_empty() {
-            // Across processes: the cookie must be there and private before anything starts.
-            let Some(path) = &self.cookie_file else {
-                return Err(c.err(
-                    "live.cookie_file",
-                    "[live] nodes needs the cluster's cookie: cookie_file, or --cookie-file",
-                ));
-            };
-            crate::live::cluster::read_cookie(path).map_err(|e| c.err("live.cookie_file", e))?;
-        }
+        crate::scenario::check_cookie(&c, &self.nodes, self.cookie_file.as_deref())?;
         for p in &self.points {
             p.scenario.check_live(file)?;
         }
