@@ -268,7 +268,9 @@ pub struct ServingGrid {
 impl Default for ServingGrid {
     fn default() -> ServingGrid {
         ServingGrid {
-            prefill: vec![16, 64, 128, 256, 512],
+            // 384: prompts of a few hundred tokens (a SQuAD window) sit between 256 and 512,
+            // where the cost of a prefill bends most.
+            prefill: vec![16, 64, 128, 256, 384, 512],
             chunks: vec![16, 64, 256],
             chunk_contexts: vec![128, 256, 512, 1024],
             batches: vec![1, 4, 8, 16],

@@ -25,6 +25,33 @@ pub(crate) fn refused(e: output::OutputError) -> ExitCode {
 }
 
 /// Bad input: print it, exit with status 2.
+/// Live serving runs, and the serving profile that prices them, leave one of this machine's
+/// cores to the actors: candle computes an iteration on the others (`RAYON_NUM_THREADS`,
+/// unless the user set it or `CANDLE_NUM_THREADS`). With every core in candle's matrix
+/// products, the router, the timers and the mailboxes wait for a time slice, and each
+/// request's first token reached the router about one iteration late (measured: TTFT p50 of
+/// the store policies 35 to 80 % over the simulation's, against 4 % with a core left free;
+/// see the README, "Live serving"). Returns the threads candle uses.
+pub(crate) fn leave_a_core_for_the_actors() -> usize {
+    let set = |v: &str| {
+        std::env::var(v)
+            .ok()
+            .and_then(|s| s.parse::<usize>().ok())
+            .filter(|&n| n > 0)
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if let Some(n) = set("CANDLE_NUM_THREADS").or_else(|| set("RAYON_NUM_THREADS")) {
+        return n;
+    }
+    if cores < 2 {
+        return cores;
+    }
+    // SAFETY: called before this process starts a thread (tokio, rayon and candle start
+    // later), so nothing reads the environment while it changes.
+    unsafe { std::env::set_var("RAYON_NUM_THREADS", (cores - 1).to_string()) };
+    cores - 1
+}
+
 pub(crate) fn bad(e: impl std::fmt::Display) -> ExitCode {
     eprintln!("error: {e}");
     ExitCode::from(EXIT_BAD_INPUT)

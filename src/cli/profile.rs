@@ -19,8 +19,8 @@ pub(crate) struct ProfileArgs {
     /// Pipeline shards (contiguous layer ranges, split evenly).
     #[arg(long, default_value_t = 2)]
     pub(crate) shards: usize,
-    /// Prefill grid: new tokens, comma-separated and increasing
-    /// (default 1,8,16,32,64,128,256,512).
+    /// Prefill grid: new tokens, comma-separated and increasing (default
+    /// 1,8,16,32,64,128,256,512; with --serving 16,64,128,256,384,512).
     #[arg(long, value_delimiter = ',')]
     pub(crate) prefill: Vec<u32>,
     /// Decode grid: cached context tokens, comma-separated and increasing
@@ -81,11 +81,17 @@ fn written(p: &Profile, out: &Path) -> Result<(), ExitCode> {
 /// `meshsim profile --serving`.
 fn profile_serving(a: &ProfileArgs, config: &meshsim::exec::TransformerConfig) -> ExitCode {
     use meshsim::profiling::{self as profile, ServingGrid};
+    let default = ServingGrid::default();
     let grid = ServingGrid {
         repeats: a.repeats,
         block_size: a.block_size,
         tensor_tokens: a.tensor_tokens,
-        ..ServingGrid::default()
+        prefill: if a.prefill.is_empty() {
+            default.prefill.clone()
+        } else {
+            a.prefill.clone()
+        },
+        ..default
     };
     if let Err(code) = ready(grid.check("arguments"), &a.out) {
         return code;
@@ -173,6 +179,9 @@ pub(crate) fn profile_run(a: &ProfileArgs) -> ExitCode {
         ));
     };
     if a.serving {
+        // Measured as the live serving runs it prices compute (see the function's doc).
+        let n = super::leave_a_core_for_the_actors();
+        tracing::info!("serving profile: candle computes on {n} thread(s)");
         return profile_serving(a, &config);
     }
     let layers = match meshsim::model::split_layers(config.layers, a.shards) {
