@@ -70,7 +70,9 @@ pub(crate) fn run(
     }
     if x.is_live() && matches!(x, Experiment::Serving(_)) {
         let n = super::leave_a_core_for_the_actors();
-        tracing::info!("live serving: candle computes on {n} thread(s), a core left for the actors");
+        tracing::info!(
+            "live serving: candle computes on {n} thread(s), a core left for the actors"
+        );
     }
     if let Some(points) = points {
         return run_share(&x, &file, points, out, threads, quiet);
