@@ -269,7 +269,7 @@ impl System for Serving {
     type Shared = NodeShared;
 
     fn shared(setup: &Setup, max_memory: u64, reads: Arc<Reads>) -> Result<NodeShared, String> {
-        let data: RunData = postcard_whole(&setup.shared).map_err(|e| e.to_string())?;
+        let mut data: RunData = postcard_whole(&setup.shared).map_err(|e| e.to_string())?;
         data.check(max_memory)?;
         let holder = data
             .servers
@@ -293,7 +293,13 @@ impl System for Serving {
         )
         .map_err(|e| e.to_string())?;
         let model = ShardModel::new(m, 0..m.layers, vb).map_err(|e| e.to_string())?;
-        let trace = Arc::new(data.trace.clone());
+        // One copy of the trace, shared by the instances (the run data keeps an empty one).
+        let empty = Trace {
+            arena: Default::default(),
+            requests: Vec::new(),
+            contexts: 0,
+        };
+        let trace = Arc::new(std::mem::replace(&mut data.trace, empty));
         let memory = Arc::new(ClusterMemory::new(data.servers.len() as u32));
         let source = Arc::new(ClusterSource {
             memory: memory.clone(),

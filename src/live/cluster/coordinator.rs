@@ -384,14 +384,8 @@ impl Coordinator {
         ));
         // Reports.
         let mut report = host.report().await?;
-        let [
-            mut messages,
-            mut bytes,
-            mut fetched,
-            mut wire_bytes,
-            mut wire_frames,
-            mut remote_read,
-        ] = host.totals();
+        // Summed over processes, place by place (see `LocalHost::totals`).
+        let mut totals = host.totals();
         host.stop().await;
         let mut waiting: HashSet<u16> =
             (1..procs).filter(|&k| alive[k]).map(|k| k as u16).collect();
@@ -412,19 +406,16 @@ impl Coordinator {
                     run: r,
                     node,
                     report: part,
-                    totals,
+                    totals: theirs,
                     more,
                 },
             )) = decode_frame(&b, max_frame)
                 && r == run
                 && waiting.contains(&node)
             {
-                messages += totals[0];
-                bytes += totals[1];
-                fetched += totals[2];
-                wire_bytes += totals[3];
-                wire_frames += totals[4];
-                remote_read += totals[5];
+                for (t, x) in totals.iter_mut().zip(theirs) {
+                    *t += x;
+                }
                 parts.entry(node).or_default().merge(part);
                 if !more {
                     waiting.remove(&node);
@@ -434,18 +425,7 @@ impl Coordinator {
         for (_, p) in parts {
             report.merge(p);
         }
-        LiveOutcome::new(
-            report,
-            wall,
-            [
-                messages,
-                bytes,
-                fetched,
-                wire_bytes,
-                wire_frames,
-                remote_read,
-            ],
-        )
+        LiveOutcome::new(report, wall, totals)
     }
 
     /// Waits for a `Ready` from every node of `from`. Actor messages that come meanwhile

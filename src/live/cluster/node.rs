@@ -118,6 +118,15 @@ pub async fn node_run<S: System>(
             tracing::warn!("a frame to the coordinator: {e}");
         }
     };
+    // The run cannot be set up here: say why, and leave it.
+    let refuse = |e: String| {
+        tell(&Frame::Ready {
+            run,
+            node: me,
+            error: Some(e.clone()),
+        });
+        Err(e)
+    };
     // Reach every other node of the run: dial those before us, wait for those after.
     let procs = setup.nodes.len();
     let mut agents: Vec<Option<ActorRef<AgentMsg>>> = vec![None; procs];
@@ -129,14 +138,7 @@ pub async fn node_run<S: System>(
         let (their, addr) = &setup.nodes[k];
         match net.reach(addr, *their, k < me as usize).await {
             Ok(a) => agents[k] = Some(a),
-            Err(e) => {
-                tell(&Frame::Ready {
-                    run,
-                    node: me,
-                    error: Some(e.clone()),
-                });
-                return Err(e);
-            }
+            Err(e) => return refuse(e),
         }
     }
     let coord_node = coord.get_id().node();
@@ -154,14 +156,7 @@ pub async fn node_run<S: System>(
     let reads = Reads::new(out.clone());
     let shared = match S::shared(&setup, limits.max_memory, reads.clone()) {
         Ok(s) => s,
-        Err(e) => {
-            tell(&Frame::Ready {
-                run,
-                node: me,
-                error: Some(e.clone()),
-            });
-            return Err(e);
-        }
+        Err(e) => return refuse(e),
     };
     let routes: Vec<Route<S::Msg>> = setup.home.iter().map(|&h| Route::Remote(h)).collect();
     let outbound: Arc<dyn Outbound<S::Msg>> = out.clone();
