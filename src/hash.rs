@@ -69,14 +69,45 @@ pub fn bytes_hash(bytes: &[u8]) -> u64 {
 /// `i`, so two blocks with the same key share their first tokens and a partial last block is a
 /// prefix of the full block. One multiply-add and one mixer per token: this runs for every
 /// token of a Mooncake trace.
-pub fn pseudo_tokens(key: u64, len: u64, vocab: u32) -> impl Iterator<Item = u32> {
-    let seed = mix64(key);
-    let range = vocab as u128 - 3;
-    (1..=len).map(move |i| {
-        let h = mix64(seed.wrapping_add(i.wrapping_mul(FX_K)));
-        3 + ((h as u128 * range) >> 64) as u32
-    })
+pub fn pseudo_tokens(key: u64, len: u64, vocab: u32) -> PseudoTokens {
+    PseudoTokens {
+        seed: mix64(key),
+        range: vocab as u128 - 3,
+        i: 0,
+        len,
+    }
 }
+
+/// The iterator of [`pseudo_tokens`].
+#[derive(Clone, Debug)]
+pub struct PseudoTokens {
+    seed: u64,
+    range: u128,
+    /// Tokens given so far.
+    i: u64,
+    len: u64,
+}
+
+impl Iterator for PseudoTokens {
+    type Item = u32;
+
+    #[inline]
+    fn next(&mut self) -> Option<u32> {
+        if self.i == self.len {
+            return None;
+        }
+        self.i += 1;
+        let h = mix64(self.seed.wrapping_add(self.i.wrapping_mul(FX_K)));
+        Some(3 + ((h as u128 * self.range) >> 64) as u32)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = (self.len - self.i) as usize;
+        (n, Some(n))
+    }
+}
+
+impl ExactSizeIterator for PseudoTokens {}
 
 #[cfg(test)]
 mod tests {

@@ -18,6 +18,12 @@ use std::time::Instant;
 
 use meshsim::Experiment;
 
+/// Bundled scenarios too large to simulate in a test build within CI's time: all of Polaris
+/// (2,240 GPUs, 1,000,000 requests, 74 M events) takes minutes even in a release build. They
+/// are reproduced by [`heavy_scenarios_reproduce_their_committed_results`], an ignored test
+/// to run in release: `cargo test --release --test committed_results -- --ignored`.
+const HEAVY: &[&str] = &["polaris_full"];
+
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
@@ -34,16 +40,16 @@ fn bundled_scenarios() -> Vec<String> {
     names
 }
 
-/// Runs `scenarios/<name>.toml` into a temporary `results/<name>/` and compares its
+/// Runs `scenarios/<name>.toml` (its policies on `threads` threads) into a temporary `results/<name>/` and compares its
 /// `summary.csv` and `report.md` with the committed ones; where a live run of the scenario is
 /// committed, also regenerates its `comparison.md` by the command the README gives. `Err`
 /// says what differs.
-fn reproduce(name: &str) -> Result<(), String> {
+fn reproduce(name: &str, threads: usize) -> Result<(), String> {
     let file: PathBuf = root().join(format!("scenarios/{name}.toml"));
     let e = Experiment::load(&file).map_err(|e| format!("{name}: {e}"))?;
     assert_eq!(e.name(), name, "a bundled scenario is named after its file");
     assert!(!e.is_live(), "{name}: bundled scenarios are simulated");
-    let runs = e.run(1).map_err(|e| format!("{name}: {e}"))?;
+    let runs = e.run(threads).map_err(|e| format!("{name}: {e}"))?;
     let tmp = tempfile::tempdir().unwrap();
     std::fs::create_dir(tmp.path().join("results")).unwrap();
     e.write(&runs, &tmp.path().join("results").join(name))
@@ -116,16 +122,41 @@ fn every_bundled_scenario_reproduces_its_committed_summary_report_and_comparison
     );
     // One scenario replays the SQuAD dev set with the Mistral tokenizer from ../shared.
     common::shared_datasets();
+    let light: Vec<String> = names
+        .iter()
+        .filter(|n| !HEAVY.contains(&n.as_str()))
+        .cloned()
+        .collect();
+    reproduce_all(light);
+}
+
+/// The scenarios of [`HEAVY`], in release: `cargo test --release --test committed_results --
+/// --ignored` (about 4 minutes on 2 cores).
+#[test]
+#[ignore = "minutes of simulation: run in release with --ignored"]
+fn heavy_scenarios_reproduce_their_committed_results() {
+    let names = bundled_scenarios();
+    for heavy in HEAVY {
+        assert!(names.iter().any(|n| n == heavy), "{heavy} is bundled");
+    }
+    reproduce_all(HEAVY.iter().map(|s| s.to_string()).collect());
+}
+
+/// Reproduces `names` on a pool of threads (one scenario per thread at a time); panics with
+/// every difference.
+fn reproduce_all(names: Vec<String>) {
     let started = Instant::now();
     let queue = Mutex::new(names.clone());
     let failures = Mutex::new(Vec::new());
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    // Fewer scenarios than threads: each one spreads its policies over the rest.
+    let per = (threads / names.len().max(1)).max(1);
     std::thread::scope(|scope| {
-        for _ in 0..threads {
+        for _ in 0..threads.min(names.len()) {
             scope.spawn(|| {
                 while let Some(name) = queue.lock().unwrap().pop() {
                     let t = Instant::now();
-                    let result = reproduce(&name);
+                    let result = reproduce(&name, per);
                     eprintln!("{name}: {:.1} s", t.elapsed().as_secs_f64());
                     if let Err(e) = result {
                         failures.lock().unwrap().push(e);

@@ -102,7 +102,12 @@ impl BlockPool {
             num_blocks,
             head: NIL,
             tail: NIL,
-            stack: Vec::new(),
+            // Reserved, not written, as `blocks`: the stack never grows by copying.
+            stack: if caching {
+                Vec::new()
+            } else {
+                Vec::with_capacity(num_blocks as usize)
+            },
             free: num_blocks,
             index: BlockIndex::new(if caching { num_blocks as usize } else { 0 }),
             caching,
@@ -141,7 +146,7 @@ impl BlockPool {
             if let Some(&ahead) = hashes.get(i + AHEAD) {
                 self.index.prefetch(ahead);
             }
-            match self.index.get(h) {
+            match self.index.get(h, |b| self.holds(b, h)) {
                 Some(b) => {
                     hits += 1;
                     free += (self.blocks[b as usize].refs == 0) as u32;
@@ -158,7 +163,7 @@ impl BlockPool {
         for &h in hashes {
             let b = self
                 .index
-                .get(h)
+                .get(h, |b| self.holds(b, h))
                 .expect("take_cached takes registered blocks");
             if self.blocks[b as usize].refs == 0 {
                 self.unlink(b);
@@ -209,7 +214,7 @@ impl BlockPool {
             self.unlink(b);
             let block = &mut self.blocks[b as usize];
             if let Some(h) = block.take_hash() {
-                self.index.remove(h);
+                self.index.remove(h, b);
                 self.stats.evictions += 1;
             }
             block.refs = 1;
@@ -243,7 +248,12 @@ impl BlockPool {
         if !self.caching || self.blocks[b as usize].registered {
             return;
         }
-        if self.index.insert_new(hash, b) {
+        let blocks = &self.blocks;
+        let holds = |x: u32| {
+            let r = &blocks[x as usize];
+            r.registered && r.hash == hash
+        };
+        if self.index.insert_new(hash, b, holds) {
             let block = &mut self.blocks[b as usize];
             block.hash = hash;
             block.registered = true;
@@ -262,6 +272,12 @@ impl BlockPool {
             }
             self.register(b, h);
         }
+    }
+
+    /// Whether block `b` is registered under `hash` (the index keeps only its top bits).
+    fn holds(&self, b: BlockId, hash: u64) -> bool {
+        let r = &self.blocks[b as usize];
+        r.registered && r.hash == hash
     }
 
     fn unlink(&mut self, b: BlockId) {
@@ -334,11 +350,20 @@ impl BlockPool {
                 self.index.len()
             ));
         }
-        for (h, b) in self.index.iter() {
-            if self.blocks[b as usize].hash() != Some(h) {
+        for (tag, b) in self.index.iter() {
+            let held = self.blocks.get(b as usize).and_then(Block::hash);
+            if held.map(|h| (h >> 32) as u32) != Some(tag) {
                 return Err(format!(
-                    "index maps {h:#x} to block {b} which does not hold it"
+                    "index maps tag {tag:#x} to block {b} which does not hold a hash with it"
                 ));
+            }
+        }
+        // As many entries as registered blocks, each naming a distinct registered block: one
+        // entry per registered block.
+        let mut named = vec![false; self.blocks.len()];
+        for (_, b) in self.index.iter() {
+            if std::mem::replace(&mut named[b as usize], true) {
+                return Err(format!("the index names block {b} twice"));
             }
         }
         Ok(())

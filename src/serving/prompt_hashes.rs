@@ -132,7 +132,9 @@ fn fold(
     out: &mut Vec<u64>,
 ) -> u64 {
     for &s in segments {
-        let mut tokens = trace.arena.segment(s);
+        // A pseudo segment is made here, one segment at a time.
+        let seg = trace.arena.segment(s);
+        let mut tokens: &[u32] = &seg;
         // Bounded: every round takes at least one token.
         while !tokens.is_empty() {
             let take = (block_size - block.len()).min(tokens.len());
@@ -178,7 +180,7 @@ mod tests {
             ] {
                 requests.push(Request {
                     arrival: Nanos(i as u64),
-                    prompt_tokens: segs.iter().map(|&s| arena.segment(s).len() as u32).sum(),
+                    prompt_tokens: segs.iter().map(|&s| arena.len(s) as u32).sum(),
                     segments: segs,
                     output_tokens: 1,
                     context: 0,

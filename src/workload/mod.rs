@@ -42,12 +42,44 @@ pub struct ReqId(pub u32);
 )]
 pub struct SegId(pub u32);
 
-/// Token ids of every segment, stored back to back.
+/// Token ids of every segment: stored back to back, or, for a segment of pseudo tokens (a
+/// block of a trace that gives only block ids, such as Mooncake's), kept as its key and length
+/// and made when read ([`crate::hash::pseudo_tokens`]): 16 bytes for a 512-token block instead
+/// of 2 KiB, so a trace's memory grows with its blocks, not their tokens.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TokenArena {
     tokens: Vec<u32>,
-    /// Start offset of each segment; segment `i` ends where `i + 1` starts.
+    /// Start offset of each segment in `tokens`; segment `i`'s stored tokens end where
+    /// `i + 1`'s start (a pseudo segment stores none).
     starts: Vec<u32>,
+    /// The pseudo segments, by segment id, in id order.
+    pseudo: Vec<(SegId, Pseudo)>,
+}
+
+/// A segment of pseudo tokens: `pseudo_tokens(key, len, vocab)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Pseudo {
+    pub key: u64,
+    pub len: u32,
+    pub vocab: u32,
+}
+
+/// The tokens of one segment, stored or made on the fly.
+pub enum SegTokens<'a> {
+    Stored(std::iter::Copied<std::slice::Iter<'a, u32>>),
+    Pseudo(crate::hash::PseudoTokens),
+}
+
+impl Iterator for SegTokens<'_> {
+    type Item = u32;
+
+    #[inline]
+    fn next(&mut self) -> Option<u32> {
+        match self {
+            SegTokens::Stored(i) => i.next(),
+            SegTokens::Pseudo(i) => i.next(),
+        }
+    }
 }
 
 impl TokenArena {
@@ -59,7 +91,25 @@ impl TokenArena {
         id
     }
 
-    pub fn segment(&self, id: SegId) -> &[u32] {
+    /// Appends a segment of `len` pseudo tokens of `key` below `vocab` (see
+    /// [`crate::hash::pseudo_tokens`]), stored as its key.
+    pub fn push_pseudo(&mut self, key: u64, len: u32, vocab: u32) -> SegId {
+        let id = SegId(self.starts.len() as u32);
+        self.starts.push(self.tokens.len() as u32);
+        self.pseudo.push((id, Pseudo { key, len, vocab }));
+        id
+    }
+
+    /// The pseudo segment `id` is, if it is one.
+    pub fn pseudo(&self, id: SegId) -> Option<Pseudo> {
+        self.pseudo
+            .binary_search_by_key(&id, |p| p.0)
+            .ok()
+            .map(|i| self.pseudo[i].1)
+    }
+
+    /// Stored tokens of segment `id` (none for a pseudo segment).
+    fn stored(&self, id: SegId) -> &[u32] {
         let i = id.0 as usize;
         let start = self.starts[i] as usize;
         let end = self
@@ -69,7 +119,35 @@ impl TokenArena {
         &self.tokens[start..end]
     }
 
-    /// Makes room for `tokens` more tokens in `segments` more segments.
+    /// The tokens of segment `id`: borrowed if stored, made if pseudo.
+    pub fn segment(&self, id: SegId) -> std::borrow::Cow<'_, [u32]> {
+        match self.pseudo(id) {
+            Some(p) => std::borrow::Cow::Owned(self.tokens_of(id, p).collect()),
+            None => std::borrow::Cow::Borrowed(self.stored(id)),
+        }
+    }
+
+    /// The tokens of segment `id`, one by one, without materialising a pseudo segment.
+    pub fn tokens(&self, id: SegId) -> SegTokens<'_> {
+        match self.pseudo(id) {
+            Some(p) => self.tokens_of(id, p),
+            None => SegTokens::Stored(self.stored(id).iter().copied()),
+        }
+    }
+
+    fn tokens_of(&self, _id: SegId, p: Pseudo) -> SegTokens<'_> {
+        SegTokens::Pseudo(crate::hash::pseudo_tokens(p.key, p.len as u64, p.vocab))
+    }
+
+    /// Tokens in segment `id`.
+    pub fn len(&self, id: SegId) -> usize {
+        match self.pseudo(id) {
+            Some(p) => p.len as usize,
+            None => self.stored(id).len(),
+        }
+    }
+
+    /// Makes room for `tokens` more stored tokens in `segments` more segments.
     pub fn reserve(&mut self, tokens: usize, segments: usize) {
         self.tokens.reserve_exact(tokens);
         self.starts.reserve_exact(segments);
@@ -80,6 +158,7 @@ impl TokenArena {
         self.starts.len()
     }
 
+    /// Tokens stored (pseudo segments store none): what the arena's memory grows with.
     pub fn total_tokens(&self) -> usize {
         self.tokens.len()
     }
@@ -121,6 +200,19 @@ impl Trace {
         if let Some(t) = a.tokens.iter().find(|&&t| t >= vocab) {
             return Err(format!("trace: token id {t} of a {vocab}-id vocabulary"));
         }
+        let mut last_pseudo = None;
+        for (id, p) in &a.pseudo {
+            if id.0 as usize >= a.starts.len() || last_pseudo.is_some_and(|l| l >= *id) {
+                return Err("trace: pseudo segments out of order or beyond its segments".into());
+            }
+            if !a.stored(*id).is_empty() || p.vocab > vocab || p.vocab <= 3 {
+                return Err(format!(
+                    "trace: pseudo segment {} of a {}-id vocabulary, in a {vocab}-id one",
+                    id.0, p.vocab
+                ));
+            }
+            last_pseudo = Some(*id);
+        }
         let mut last = Nanos::ZERO;
         for (i, r) in self.requests.iter().enumerate() {
             let mut n = 0u64;
@@ -128,7 +220,7 @@ impl Trace {
                 if s.0 as usize >= a.starts.len() {
                     return Err(format!("trace: request {i} names segment {}", s.0));
                 }
-                n += a.segment(*s).len() as u64;
+                n += a.len(*s) as u64;
             }
             if n != r.prompt_tokens as u64 {
                 return Err(format!(
@@ -156,7 +248,7 @@ impl Trace {
         self.request(id)
             .segments
             .iter()
-            .flat_map(|&s| self.arena.segment(s).iter().copied())
+            .flat_map(|&s| self.arena.tokens(s))
     }
 
     /// Chained hashes of the prompt's full blocks of `block_size` tokens (a partial last
@@ -229,5 +321,69 @@ mod tests {
         // One-token blocks: equal up to token 61, different from token 62 on.
         assert_eq!(a[..62], b[..62]);
         assert_ne!(a[62], b[62]);
+    }
+}
+
+#[cfg(test)]
+mod pseudo_tests {
+    use super::*;
+    use crate::hash::pseudo_tokens;
+
+    /// A trace of two requests over the arena, sharing its first segment.
+    fn trace(arena: TokenArena, segs: &[SegId]) -> Trace {
+        let n: u32 = segs.iter().map(|&s| arena.len(s) as u32).sum();
+        let r = |rest: &[SegId]| Request {
+            arrival: Nanos::ZERO,
+            segments: [&segs[..1], rest].concat(),
+            prompt_tokens: arena.len(segs[0]) as u32
+                + rest.iter().map(|&s| arena.len(s) as u32).sum::<u32>(),
+            output_tokens: 1,
+            context: 0,
+        };
+        assert!(n > 0);
+        Trace {
+            requests: vec![r(&segs[1..]), r(&[])],
+            arena,
+            contexts: 1,
+        }
+    }
+
+    #[test]
+    fn a_pseudo_segment_reads_as_its_stored_tokens_would_and_stores_none() {
+        let mut stored = TokenArena::default();
+        let mut compact = TokenArena::default();
+        let mut a = Vec::new();
+        let mut b = Vec::new();
+        for (i, &(key, len)) in [(7u64, 512u32), (9, 100), (7, 37)].iter().enumerate() {
+            a.push(stored.push(pseudo_tokens(key, len as u64, 32000)));
+            b.push(compact.push_pseudo(key, len, 32000));
+            assert_eq!(a[i], b[i]);
+        }
+        let plain = compact.push([1, 2, 3]);
+        assert_eq!(plain, stored.push([1, 2, 3]));
+        a.push(plain);
+        b.push(plain);
+        assert_eq!(compact.total_tokens(), 3, "pseudo segments store nothing");
+        for &s in &b {
+            assert_eq!(compact.segment(s), stored.segment(s));
+            assert_eq!(compact.len(s), stored.len(s));
+            assert!(compact.tokens(s).eq(stored.tokens(s)));
+        }
+        assert_eq!(compact.pseudo(b[1]).map(|p| p.key), Some(9));
+        assert_eq!(compact.pseudo(plain), None);
+        let (t1, t2) = (trace(stored, &a), trace(compact, &b));
+        for id in [ReqId(0), ReqId(1)] {
+            let (mut h1, mut h2) = (Vec::new(), Vec::new());
+            t1.block_hashes(id, 16, &mut h1);
+            t2.block_hashes(id, 16, &mut h2);
+            assert_eq!(h1, h2);
+            assert!(t1.prompt(id).eq(t2.prompt(id)));
+        }
+        t2.check(32000).unwrap();
+        let e = t2.check(1000).unwrap_err();
+        assert!(
+            e.contains("pseudo segment 0 of a 32000-id vocabulary"),
+            "{e}"
+        );
     }
 }

@@ -32,8 +32,8 @@ impl Instance {
                 s.blocks.len()
             )));
         }
-        let started = |s: &Seq| s.load.as_ref().is_some_and(|l| l.started.is_some());
-        let in_flight = |s: &Seq| s.load.as_ref().is_some_and(Load::in_flight);
+        let started = |s: &Seq| s.load.as_deref().is_some_and(|l| l.started.is_some());
+        let in_flight = |s: &Seq| s.load.as_deref().is_some_and(Load::in_flight);
         if let Some(s) = self
             .waiting
             .iter()

@@ -120,7 +120,12 @@ pub struct StoreLink {
     pub layers: u32,
 }
 
+/// A request in the instance. `repr(C)` and 64-byte aligned, with what every iteration reads
+/// and writes of every running sequence (its counters, its load and its blocks) in the first
+/// 64 bytes: an iteration over a batch of hundreds touches one cache line per sequence (at
+/// cluster scale the instance is cold when its event comes).
 #[derive(Debug)]
+#[repr(C, align(64))]
 struct Seq {
     req: ReqId,
     prompt_len: u32,
@@ -130,11 +135,17 @@ struct Seq {
     computed: u32,
     /// Tokens scheduled in the running iteration.
     scheduled: u32,
+    /// Prompt blocks already registered in the pool.
+    registered: u32,
+    /// Whether the prompt's tensors were written to the store.
+    stored: bool,
+    /// Whether it finished in the iteration being applied (it leaves `running` at the end).
+    done: bool,
+    /// Its store load, from the lookup reply until the load's results are applied.
+    load: Option<Box<Load>>,
     blocks: Vec<BlockId>,
     /// Hashes of the prompt's full blocks (empty unless the policy looks in GPU memory).
     hashes: Vec<u64>,
-    /// Prompt blocks already registered in the pool.
-    registered: u32,
     /// Reused prompt tokens by tier, fixed at the first admission.
     reused: [u32; Tier::ALL.len()],
     /// Bytes loaded from each tier.
@@ -152,10 +163,6 @@ struct Seq {
     planned: [u32; Tier::ALL.len()],
     /// Remote tensors to copy into the local replica cache once loaded.
     replicate: Vec<u64>,
-    /// Whether the prompt's tensors were written to the store.
-    stored: bool,
-    /// Its store load, from the lookup reply until the load's results are applied.
-    load: Option<Load>,
     /// Real backends only: the tokens it generated, the token its running iteration sampled
     /// (applied with the iteration's results), and its first token's logits.
     out: Vec<u32>,
@@ -332,6 +339,7 @@ impl Instance {
             blocks: Vec::new(),
             hashes,
             registered: 0,
+            done: false,
             reused: [0; Tier::ALL.len()],
             loaded_bytes: [0; Tier::ALL.len()],
             preemptions: 0,
@@ -537,6 +545,12 @@ impl Instance {
                 break;
             }
             let mut seq = self.waiting.pop_front().expect("front exists");
+            if seq.blocks.capacity() == 0 {
+                // Once, for the most blocks it can hold (a preemption keeps the capacity): no
+                // growth of the list as decoding fills blocks.
+                let most = seq.prompt_len + seq.output_len - 1;
+                seq.blocks.reserve_exact(self.blocks_for(most) as usize);
+            }
             self.pool
                 .take_cached(&seq.hashes[..hits as usize], &mut seq.blocks);
             let ok = self.pool.allocate(need, &mut seq.blocks);
@@ -598,20 +612,25 @@ impl Instance {
         self.stats.busy += ctx.now() - started;
         let keep = self.policy.keep_gpu_blocks();
         let block_size = self.cfg.block_size;
-        let mut i = 0;
-        while i < self.running.len() {
+        let mut finished = false;
+        // Finished sequences are marked and leave `running` in one pass at the end (keeping
+        // the admission order of the others), not one `remove` (a shift of the batch) each.
+        for i in 0..self.running.len() {
             let seq = &mut self.running[i];
             if seq.scheduled == 0 {
-                i += 1;
                 continue;
             }
             seq.computed += seq.scheduled;
             seq.scheduled = 0;
             // A layer-wise load has been applied with the iteration it started in.
-            seq.load = None;
-            if keep {
-                let full = seq.computed.min(seq.prompt_len) / block_size;
-                let full = full.min(seq.hashes.len() as u32);
+            if seq.load.is_some() {
+                seq.load = None;
+            }
+            // Blocks the prompt filled beyond those registered; `registered` never exceeds the
+            // hashes, so the hashes are only read when a block filled.
+            let filled = seq.computed.min(seq.prompt_len) / block_size;
+            if keep && seq.registered < filled {
+                let full = filled.min(seq.hashes.len() as u32);
                 if seq.registered < full {
                     let run = seq.registered as usize..full as usize;
                     self.pool
@@ -657,10 +676,12 @@ impl Instance {
                 }
             }
             if seq.computed < seq.known_tokens() {
-                i += 1;
                 continue;
             }
-            if let Some(got) = seq.pending.take() {
+            // Only a real backend samples tokens.
+            if self.real
+                && let Some(got) = seq.pending.take()
+            {
                 seq.out.push(got.token);
                 if got.logits.is_some() {
                     seq.first_logits = got.logits;
@@ -671,10 +692,10 @@ impl Instance {
                 ctx.send(self.router, Msg::FirstToken(seq.req, self.index), 4);
             }
             if seq.generated < seq.output_len {
-                i += 1;
                 continue;
             }
-            let mut seq = self.running.remove(i);
+            seq.done = true;
+            finished = true;
             self.pool.release(&seq.blocks);
             if self.real {
                 if seq.out.len() != seq.output_len as usize {
@@ -703,6 +724,9 @@ impl Instance {
                 })),
                 4 * (seq.output_len as u64 - 1),
             );
+        }
+        if finished {
+            self.running.retain(|s| !s.done);
         }
         self.step(ctx);
     }

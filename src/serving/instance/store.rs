@@ -34,12 +34,12 @@ impl Instance {
                 seq.planned[g.tier as usize] += g.tensors * st.tensor_tokens;
                 seq.loaded_bytes[g.tier as usize] += g.bytes;
             }
-            seq.load = Some(Load {
+            seq.load = Some(Box::new(Load {
                 groups: plan.groups,
                 pending: 0,
                 started: None,
                 arrived: None,
-            });
+            }));
         }
         self.enqueue(seq, ctx);
     }
@@ -104,7 +104,7 @@ impl Instance {
             return;
         };
         let members = || self.running.iter().filter(|s| s.scheduled > 0);
-        if members().any(|s| s.load.as_ref().is_some_and(Load::in_flight)) {
+        if members().any(|s| s.load.as_deref().is_some_and(Load::in_flight)) {
             self.phase = Phase::Loads(compute_end);
             return;
         }
@@ -113,11 +113,11 @@ impl Instance {
         let layers = self.store.as_ref().map_or(1, |st| st.layers.max(1)) as u64;
         let mut end = compute_end;
         for seq in members() {
-            if let Some(Load {
+            if let Some(&Load {
                 started: Some(s),
                 arrived: Some(a),
                 ..
-            }) = seq.load
+            }) = seq.load.as_deref()
             {
                 let t = (a - s).0;
                 end = end
@@ -156,7 +156,7 @@ impl Instance {
             return;
         }
         self.failed_loads += 1;
-        let in_flight = |s: &Seq| s.req == req && s.load.as_ref().is_some_and(Load::in_flight);
+        let in_flight = |s: &Seq| s.req == req && s.load.as_deref().is_some_and(Load::in_flight);
         if let Some(i) = self.parked.iter().position(in_flight) {
             let mut seq = self.parked.remove(i);
             if let Some(l) = seq.load.as_mut() {
@@ -191,7 +191,7 @@ impl Instance {
         if self.stale_load_ended(req) {
             return;
         }
-        let in_flight = |s: &Seq| s.req == req && s.load.as_ref().is_some_and(Load::in_flight);
+        let in_flight = |s: &Seq| s.req == req && s.load.as_deref().is_some_and(Load::in_flight);
         let parked = self.parked.iter().position(in_flight);
         let seq = match parked {
             Some(i) => self.parked.get_mut(i),
@@ -299,7 +299,7 @@ impl Instance {
     /// in flight are ignored when they come.
     pub(super) fn store_lost(&mut self, node: u32, ctx: &mut dyn Context<Msg>) {
         self.losses += 1;
-        let hit = |s: &Seq| s.load.as_ref().is_some_and(|l| l.from(node));
+        let hit = |s: &Seq| s.load.as_deref().is_some_and(|l| l.from(node));
         for seq in self.waiting.iter_mut().filter(|s| hit(s)) {
             Self::without_load(seq);
         }
@@ -315,7 +315,7 @@ impl Instance {
         }
         for i in (0..self.running.len()).rev() {
             let seq = &self.running[i];
-            if !(hit(seq) && seq.load.as_ref().is_some_and(Load::in_flight)) {
+            if !(hit(seq) && seq.load.as_deref().is_some_and(Load::in_flight)) {
                 continue;
             }
             let mut seq = self.running.remove(i);

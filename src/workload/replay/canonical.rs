@@ -32,7 +32,6 @@ use serde::Deserialize;
 
 use super::mooncake::{MAX_LENGTH, json_error};
 use super::{Loaded, Source, TraceError, lines, read_bytes};
-use crate::hash::pseudo_tokens;
 use crate::units::Nanos;
 use crate::workload::tokenize::PSEUDO_VOCAB;
 use crate::workload::{Request, SegId, TokenArena, Trace};
@@ -193,7 +192,8 @@ fn segment(
     }
     let added = match (&line.tokens, line.pseudo_key, line.len) {
         (Some(t), None, None) => t.len() as u64,
-        (None, Some(_), Some(len)) if (1..=MAX_LENGTH as u32).contains(&len) => len as u64,
+        // Pseudo tokens are kept as their key: nothing stored.
+        (None, Some(_), Some(len)) if (1..=MAX_LENGTH as u32).contains(&len) => 0,
         (None, Some(_), Some(len)) => {
             return Err((
                 "len",
@@ -210,13 +210,12 @@ fn segment(
     if arena.total_tokens() as u64 + added > MAX_ARENA_TOKENS {
         return Err((
             "tokens",
-            format!("more than {MAX_ARENA_TOKENS} tokens in all segments"),
+            format!("more than {MAX_ARENA_TOKENS} tokens in all `tokens` segments"),
         ));
     }
     match line.pseudo_key {
         Some(key) => {
-            let len = line.len.unwrap_or(0) as u64;
-            arena.push(pseudo_tokens(key, len, PSEUDO_VOCAB));
+            arena.push_pseudo(key, line.len.unwrap_or(0), PSEUDO_VOCAB);
             pseudo.push(Some(key));
         }
         None => {
@@ -270,7 +269,7 @@ fn request(
                 format!("segment {s} is not defined before this line"),
             ));
         }
-        tokens += arena.segment(SegId(s)).len() as u64;
+        tokens += arena.len(SegId(s)) as u64;
     }
     if !(1..=MAX_LENGTH as u64).contains(&tokens) {
         return Err((

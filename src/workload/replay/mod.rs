@@ -32,7 +32,6 @@ use super::qa::{ContextMode, Order, OutputDist};
 use super::reuse::{self, Arrivals, PoolContext, Reuse};
 use super::tokenize::{PSEUDO_VOCAB, Tokenizer};
 use super::{Request, SegId, TokenArena, Trace, TraceError};
-use crate::hash::pseudo_tokens;
 use crate::rng::{Stream, streams};
 use crate::units::Nanos;
 
@@ -186,25 +185,24 @@ pub struct Loaded {
 
 /// Loads the file of `spec` and builds its trace; `seed` orders and times dataset questions.
 pub fn load(spec: &ReplaySpec, seed: u64) -> Result<Loaded, TraceError> {
-    let mut loaded =
-        match spec.source {
-            Source::SquadJson | Source::WikiqaTsv => {
-                let corpus = if spec.source == Source::SquadJson {
-                    squad::read(&spec.path)?
-                } else {
-                    wikiqa::read(&spec.path, spec.skip_bad_lines)?
-                };
-                let tok = Tokenizer::load(spec.tokenizer.as_deref())?;
-                let mut l = corpus.build(&spec.path, &tok, &spec.qa, spec.max_requests, seed)?;
-                l.source = spec.source;
-                l
-            }
-            Source::MooncakeJsonl => mooncake::read(&spec.path, spec.skip_bad_lines)?
-                .build(&spec.path, spec.max_requests)?,
-            Source::VidurCsv => vidur::read(&spec.path, spec.skip_bad_lines)?
-                .build(&spec.path, spec.max_requests)?,
-            Source::Canonical => canonical::read(&spec.path, spec.max_requests)?,
-        };
+    let mut loaded = match spec.source {
+        Source::SquadJson | Source::WikiqaTsv => {
+            let corpus = if spec.source == Source::SquadJson {
+                squad::read(&spec.path)?
+            } else {
+                wikiqa::read(&spec.path, spec.skip_bad_lines)?
+            };
+            let tok = Tokenizer::load(spec.tokenizer.as_deref())?;
+            let mut l = corpus.build(&spec.path, &tok, &spec.qa, spec.max_requests, seed)?;
+            l.source = spec.source;
+            l
+        }
+        Source::MooncakeJsonl => {
+            mooncake::read(&spec.path, spec.skip_bad_lines)?.build(spec.max_requests)
+        }
+        Source::VidurCsv => vidur::read(&spec.path, spec.skip_bad_lines)?.build(spec.max_requests),
+        Source::Canonical => canonical::read(&spec.path, spec.max_requests)?,
+    };
     loaded.source = spec.source;
     if loaded.trace.requests.is_empty() {
         let skipped = match loaded.skipped_lines {
@@ -556,10 +554,9 @@ pub struct TraceFile {
 
 impl TraceFile {
     /// Builds the trace: each distinct `(key, tokens)` block is one segment of pseudo
-    /// tokens; requests are sorted by arrival (stable), then the first `max_requests` kept.
-    /// `path` names the file in the error given when the distinct blocks hold more than
-    /// [`canonical::MAX_ARENA_TOKENS`] tokens.
-    pub fn build(mut self, path: &Path, max_requests: Option<u32>) -> Result<Loaded, TraceError> {
+    /// tokens, kept as its key (see [`TokenArena`]); requests are sorted by arrival
+    /// (stable), then the first `max_requests` kept.
+    pub fn build(mut self, max_requests: Option<u32>) -> Loaded {
         self.records.sort_by_key(|r| r.arrival);
         if let Some(max) = max_requests {
             self.records.truncate(max as usize);
@@ -572,34 +569,23 @@ impl TraceFile {
         let mut first_blocks: BTreeMap<u64, u32> = BTreeMap::new();
         // First pass: number the distinct blocks, so the arena is allocated once.
         let mut distinct: Vec<(u64, u32)> = Vec::new();
-        let mut total = 0u64;
         let mut prompts: Vec<Vec<SegId>> = Vec::with_capacity(self.records.len());
         for r in &self.records {
             let mut segments = Vec::with_capacity(r.blocks.len());
             for &(key, len) in &r.blocks {
                 let seg = *segs.entry((key, len)).or_insert_with(|| {
                     distinct.push((key, len));
-                    total += len as u64;
                     SegId(distinct.len() as u32 - 1)
                 });
                 segments.push(seg);
             }
             prompts.push(segments);
         }
-        if total > canonical::MAX_ARENA_TOKENS {
-            return Err(TraceError::whole(
-                path,
-                "file",
-                format!(
-                    "the distinct prompt blocks hold {total} tokens, more than {}",
-                    canonical::MAX_ARENA_TOKENS
-                ),
-            ));
-        }
-        arena.reserve(total as usize, distinct.len());
+        // Pseudo blocks are kept as their keys (16 bytes a block, whatever its length).
+        arena.reserve(0, distinct.len());
         for &(key, len) in &distinct {
             pseudo.push(Some(key));
-            arena.push(pseudo_tokens(key, len as u64, PSEUDO_VOCAB));
+            arena.push_pseudo(key, len, PSEUDO_VOCAB);
         }
         for (r, segments) in self.records.iter().zip(prompts) {
             let next = first_blocks.len() as u32;
@@ -614,7 +600,7 @@ impl TraceFile {
                 context,
             });
         }
-        Ok(Loaded {
+        Loaded {
             trace: Trace {
                 arena,
                 requests,
@@ -628,7 +614,7 @@ impl TraceFile {
             skipped_lines: self.skipped_lines,
             pseudo,
             lines: self.records.iter().map(|r| r.line).collect(),
-        })
+        }
     }
 }
 
