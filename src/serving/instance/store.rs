@@ -104,6 +104,17 @@ impl Instance {
             return;
         };
         let members = || self.running.iter().filter(|s| s.scheduled > 0);
+        // Only layer-wise loads overlap an iteration: without them no member has a load (a
+        // parked request joins the batch once loaded), and the scans below change nothing.
+        let layerwise = self
+            .store
+            .as_ref()
+            .is_some_and(|st| st.overlap == LoadOverlap::Layerwise);
+        if !layerwise {
+            debug_assert!(!members().any(|s| s.load.is_some()));
+            self.finish_iteration(ctx);
+            return;
+        }
         if members().any(|s| s.load.as_deref().is_some_and(Load::in_flight)) {
             self.phase = Phase::Loads(compute_end);
             return;
