@@ -447,3 +447,58 @@ fn serving_profiles_and_wall_limits_are_checked() {
         assert_rejected(&text, "limits.max_wall_s", "more than a week");
     }
 }
+
+/// A live serving run of a trace whose token ids its model cannot embed: a Mooncake trace
+/// (pseudo tokens of a 32,000-id vocabulary) on `tiny` (1,024 ids).
+#[test]
+fn a_live_run_refuses_token_ids_beyond_its_models_vocabulary_before_any_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines = [
+        r#"{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}"#,
+        r#"{"timestamp": 10, "input_length": 300, "output_length": 4, "hash_ids": [1]}"#,
+    ];
+    std::fs::write(dir.path().join("t.jsonl"), lines.join("\n") + "\n").unwrap();
+    let serving = r#"[serving]
+block_size_tokens = 16
+max_num_seqs = 4
+max_batched_tokens = 512
+memory_reserve_gib = 0.1
+[workload]
+source = "mooncake-jsonl"
+path = "t.jsonl"
+[store]
+tensor_tokens = 32
+host_capacity_gib = 0.001
+ssd_capacity_gb = 0.002
+"#;
+    let text = [
+        "name = \"vocab\"\nseed = 1\npolicies = [\"vanilla\"]\nmode = \"live\"\n",
+        &common::LIVE_TINY_2X2.replace("preset = \"tiny-32k\"", "preset = \"tiny\""),
+        serving,
+    ]
+    .concat();
+    std::fs::write(dir.path().join("v.toml"), &text).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_meshsim"))
+        .args(["run", "v.toml", "--out", "out"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("1024-id") && stderr.contains("tiny embeds ids below 1024"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("out").exists(), "nothing written");
+    // The same trace on tiny-32k is served.
+    let ok = text.replace("preset = \"tiny\"", "preset = \"tiny-32k\"");
+    std::fs::write(dir.path().join("v.toml"), ok).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_meshsim"))
+        .args(["run", "v.toml", "--out", "out", "-q"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(dir.path().join("out/summary.csv").is_file());
+}

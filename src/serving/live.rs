@@ -326,9 +326,26 @@ fn by_req(r: &PolicyRun) -> ByRequest<'_> {
     (tokens, logits)
 }
 
-/// Refuses a trace with a request whose prompt and output outgrow the model's context: a
-/// live model computes every position it is given.
+/// Refuses a trace with a request whose prompt and output outgrow the model's context (a
+/// live model computes every position it is given), or with token ids beyond its vocabulary
+/// (it embeds every prompt token).
 fn fits_the_model(s: &Scenario, trace: &Trace) -> Result<(), TraceError> {
+    let vocab = s.model.vocab;
+    if let Err(e) = u32::try_from(vocab)
+        .map_err(|_| format!("a vocabulary of {vocab} ids"))
+        .and_then(|v| trace.check(v))
+    {
+        return Err(TraceError::whole(
+            std::path::Path::new(&s.name),
+            "workload",
+            format!(
+                "{e}: {} embeds ids below {vocab} only (a model whose vocabulary holds the \
+                 tokenizer's ids serves, such as tiny-32k for the Mistral tokenizer and the \
+                 pseudo tokens of traces that name blocks)",
+                s.model.name
+            ),
+        ));
+    }
     let most = s.model.max_context;
     if let Some((i, r)) = trace
         .requests
