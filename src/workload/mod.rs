@@ -64,6 +64,13 @@ pub struct Pseudo {
     pub vocab: u32,
 }
 
+impl Pseudo {
+    /// Its tokens, made one by one.
+    pub fn tokens(&self) -> crate::hash::PseudoTokens {
+        crate::hash::pseudo_tokens(self.key, self.len as u64, self.vocab)
+    }
+}
+
 /// The tokens of one segment, stored or made on the fly.
 pub enum SegTokens<'a> {
     Stored(std::iter::Copied<std::slice::Iter<'a, u32>>),
@@ -122,7 +129,7 @@ impl TokenArena {
     /// The tokens of segment `id`: borrowed if stored, made if pseudo.
     pub fn segment(&self, id: SegId) -> std::borrow::Cow<'_, [u32]> {
         match self.pseudo(id) {
-            Some(p) => std::borrow::Cow::Owned(self.tokens_of(id, p).collect()),
+            Some(p) => std::borrow::Cow::Owned(p.tokens().collect()),
             None => std::borrow::Cow::Borrowed(self.stored(id)),
         }
     }
@@ -130,13 +137,9 @@ impl TokenArena {
     /// The tokens of segment `id`, one by one, without materialising a pseudo segment.
     pub fn tokens(&self, id: SegId) -> SegTokens<'_> {
         match self.pseudo(id) {
-            Some(p) => self.tokens_of(id, p),
+            Some(p) => SegTokens::Pseudo(p.tokens()),
             None => SegTokens::Stored(self.stored(id).iter().copied()),
         }
-    }
-
-    fn tokens_of(&self, _id: SegId, p: Pseudo) -> SegTokens<'_> {
-        SegTokens::Pseudo(crate::hash::pseudo_tokens(p.key, p.len as u64, p.vocab))
     }
 
     /// Tokens in segment `id`.
