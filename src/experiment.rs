@@ -371,18 +371,7 @@ fn describe_serving(s: &Scenario) -> String {
         let _ = writeln!(o, "  faults: {}", kinds.join(", "));
     }
     let pricing = match &s.serving.profile {
-        Some((path, fit)) => format!(
-            "the profile {} (ns = {:.0} + {:.0} x members + {:.1} x new tokens + {:.3} x \
-             attention pairs + {:.2} x K/V tokens read + {:.2} x cached tokens of chunk \
-             members)",
-            path.display(),
-            fit.coef[0],
-            fit.coef[1],
-            fit.coef[2],
-            fit.coef[3],
-            fit.coef[4],
-            fit.coef[5]
-        ),
+        Some((path, fit)) => format!("the profile {} ({fit})", path.display()),
         None => "the roofline of the GPU".into(),
     };
     let _ = writeln!(

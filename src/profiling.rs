@@ -271,8 +271,11 @@ impl Default for ServingGrid {
             // 384: prompts of a few hundred tokens (a SQuAD window) sit between 256 and 512,
             // where the cost of a prefill bends most.
             prefill: vec![16, 64, 128, 256, 384, 512],
-            chunks: vec![16, 64, 256],
-            chunk_contexts: vec![128, 256, 512, 1024],
+            // A store hit leaves a short chunk after a long cache (a question after its
+            // paragraph): 16 and 32 new tokens after 256-512 cached are where the store
+            // policies' requests sit.
+            chunks: vec![16, 32, 64, 256],
+            chunk_contexts: vec![128, 256, 384, 512, 1024],
             batches: vec![1, 4, 8, 16],
             contexts: vec![128, 512, 1024],
             tensors: vec![1, 4, 8],
@@ -363,8 +366,9 @@ impl crate::backend::KvSource for Held {
 
 /// Measures the serving batch backend ([`crate::backend::PagedCandleBackend`]) of `cfg`
 /// (all layers, f32, weights from `weights`) on `device`: the median wall time of whole
-/// iterations of the shapes of `grid`, and of exporting and loading whole store tensors. See
-/// [`crate::model::batch_profile`].
+/// iterations of the shapes of `grid`, measured in `repeats` interleaved rounds (every shape
+/// once a round, in a seeded random order), and of exporting and loading whole store
+/// tensors. See [`crate::model::batch_profile`].
 pub fn measure_serving(
     cfg: &TransformerConfig,
     weights: &WeightSource,
@@ -380,7 +384,45 @@ pub fn measure_serving(
     grid.check("grid")?;
     let fail = |e: &dyn std::fmt::Display| ProfileError::Measure(e.to_string());
     cfg.validate().map_err(|e| fail(&e))?;
-    let members = grid.batches.iter().copied().max().unwrap_or(1).max(2) as usize;
+    // Every shape, as `(members, new tokens, cached)`.
+    let mut shapes: Vec<(u32, u32, u32)> = Vec::new();
+    for &n in &grid.prefill {
+        shapes.push((1, n, 0));
+    }
+    for &n in &grid.chunks {
+        for &c in &grid.chunk_contexts {
+            shapes.push((1, n, c));
+        }
+    }
+    for &c in &grid.contexts {
+        for &b in &grid.batches {
+            shapes.push((b, 1, c));
+        }
+    }
+    // The sequences that compute them: one group per cached context, as many as the largest
+    // batch after that context. A shape reads its group's first `c` tokens and writes from
+    // `c` on, so every shape of a group can run at any time (the repeats of the rounds below
+    // interleave them): what one writes, no other reads. The last two sequences hold the
+    // store tensors that the transfers export and load.
+    let tt = grid.tensor_tokens;
+    let most = grid.tensors.iter().copied().max().unwrap_or(1);
+    let mut groups: std::collections::BTreeMap<u32, (usize, u32)> = Default::default();
+    for &(b, n, c) in &shapes {
+        let g = groups.entry(c).or_default();
+        g.0 = g.0.max(b as usize);
+        g.1 = g.1.max(n);
+    }
+    // Per sequence, the tokens its blocks must hold room for; per group, its first sequence.
+    let mut room: Vec<u32> = Vec::new();
+    let mut first: std::collections::BTreeMap<u32, usize> = Default::default();
+    for (&c, &(k, n)) in &groups {
+        first.insert(c, room.len());
+        room.push(c + n);
+        room.extend(std::iter::repeat_n(c + 1, k - 1));
+    }
+    let transfers = room.len();
+    room.extend([most * tt; 2]);
+    let members = room.len();
     let len = grid.tokens() as usize;
     let mut arena = TokenArena::default();
     let mut requests = Vec::with_capacity(members);
@@ -404,11 +446,14 @@ pub fn measure_serving(
         requests,
         contexts: members as u32,
     });
-    let bs = grid.block_size as usize;
-    let per = len.div_ceil(bs);
-    let tables: Vec<Vec<u32>> = (0..members)
-        .map(|i| ((i * per) as u32..((i + 1) * per) as u32).collect())
-        .collect();
+    let bs = grid.block_size;
+    let mut tables: Vec<Vec<u32>> = Vec::with_capacity(members);
+    let mut next = 0u32;
+    for &r in &room {
+        let k = r.div_ceil(bs);
+        tables.push((next..next + k).collect());
+        next += k;
+    }
     let vb = crate::exec::weights::var_builder(cfg, 0..cfg.layers, weights, DType::F32, device)
         .map_err(|e| fail(&e))?;
     let model = crate::exec::ShardModel::new(cfg, 0..cfg.layers, vb).map_err(|e| fail(&e))?;
@@ -417,7 +462,7 @@ pub fn measure_serving(
         model,
         trace,
         grid.block_size,
-        (members * per) as u32,
+        next,
         Some(held.clone() as Arc<dyn KvSource>),
     )
     .map_err(|e| fail(&e))?;
@@ -458,56 +503,48 @@ pub fn measure_serving(
         }
         Ok::<(), ProfileError>(())
     };
-    let timed = |backend: &mut PagedCandleBackend,
-                 who: &[(usize, u32, u32)]|
-     -> Result<Nanos, ProfileError> {
-        run(backend, who)?; // warm-up
-        let mut times = Vec::with_capacity(grid.repeats as usize);
-        for _ in 0..grid.repeats {
-            times.push(run(backend, who)?);
-        }
-        Ok(median(&mut times))
-    };
-    let mut iterations = Vec::new();
-    let mut point = |members: u32, n: u32, c: u32, time: Nanos| {
-        iterations.push(IterationPoint {
-            members,
-            new_tokens: n,
-            cached: c,
-            time,
+    let who: Vec<Vec<(usize, u32, u32)>> = shapes
+        .iter()
+        .map(|&(b, n, c)| {
+            (first[&c]..first[&c] + b as usize)
+                .map(|i| (i, c, n))
+                .collect()
         })
-    };
-    // A timed run writes its tokens' K/V into the blocks and ends them there: the member's
-    // blocks then hold `c + n` tokens.
-    for &n in &grid.prefill {
-        let t = timed(&mut backend, &[(0, 0, n)])?;
-        filled[0] = n;
-        point(1, n, 0, t);
-    }
-    for &n in &grid.chunks {
-        for &c in &grid.chunk_contexts {
-            fill(&mut backend, &mut filled, 0, c)?;
-            let t = timed(&mut backend, &[(0, c, n)])?;
-            filled[0] = c + n;
-            point(1, n, c, t);
+        .collect();
+    // Untimed: every sequence's blocks hold the tokens its shapes read.
+    for (&c, &(k, _)) in &groups {
+        for i in first[&c]..first[&c] + k {
+            fill(&mut backend, &mut filled, i, c)?;
         }
     }
-    for &c in &grid.contexts {
-        for &b in &grid.batches {
-            for i in 0..b as usize {
-                fill(&mut backend, &mut filled, i, c)?;
+    // Interleaved rounds: each round times every shape once, in an order of its own (a
+    // seeded shuffle), so that a slow spell of the machine (another process, a frequency
+    // change) spreads over all shapes instead of biasing the few measured during it, and a
+    // shape follows a different one each round, as an iteration of a serving instance follows
+    // whatever the instances computed before it. The first round warms up and is not kept.
+    let mut times: Vec<Vec<u64>> = vec![Vec::with_capacity(grid.repeats as usize); shapes.len()];
+    let mut order: Vec<usize> = (0..shapes.len()).collect();
+    let mut rng = crate::rng::Stream::new(PROMPT_SEED, 1);
+    for round in 0..=grid.repeats as usize {
+        rng.shuffle(&mut order);
+        for &s in &order {
+            let t = run(&mut backend, &who[s])?;
+            if round > 0 {
+                times[s].push(t);
             }
-            let who: Vec<(usize, u32, u32)> = (0..b as usize).map(|i| (i, c, 1)).collect();
-            let t = timed(&mut backend, &who)?;
-            for f in &mut filled[..b as usize] {
-                *f = c + 1;
-            }
-            point(b, 1, c, t);
         }
     }
-    let tt = grid.tensor_tokens;
-    let most = grid.tensors.iter().copied().max().unwrap_or(1);
-    fill(&mut backend, &mut filled, 0, most * tt)?;
+    let iterations: Vec<IterationPoint> = shapes
+        .iter()
+        .zip(&mut times)
+        .map(|(&(members, new_tokens, cached), t)| IterationPoint {
+            members,
+            new_tokens,
+            cached,
+            time: median(t),
+        })
+        .collect();
+    fill(&mut backend, &mut filled, transfers, most * tt)?;
     let mut export = Vec::new();
     let mut load = Vec::new();
     for &k in &grid.tensors {
@@ -517,7 +554,7 @@ pub fn measure_serving(
         for _ in 0..=grid.repeats {
             let started = Instant::now();
             data = backend
-                .export(&tables[0], &tensors, tt)
+                .export(&tables[transfers], &tensors, tt)
                 .map_err(|e| fail(&e))?;
             times.push(u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX));
         }
@@ -539,7 +576,7 @@ pub fn measure_serving(
         for _ in 0..=grid.repeats {
             let started = Instant::now();
             backend
-                .load(&tables[1], &items, tt, 0..k * tt)
+                .load(&tables[transfers + 1], &items, tt, 0..k * tt)
                 .map_err(|e| fail(&e))?;
             let synced = device.synchronize();
             times.push(u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX));

@@ -282,6 +282,16 @@ impl BatchBackend for PagedCandleBackend {
             })?;
         }
         let (waiting, compute) = (started - asked, started.elapsed());
+        // `-vv`: every iteration's shape and wall time, to set against the profile's points.
+        tracing::debug!(
+            members = batch.seqs,
+            new_tokens = batch.new_tokens,
+            cached = batch.kv_read_tokens - batch.new_tokens,
+            chunk_cached = batch.chunk_cached_tokens,
+            compute_us = compute.as_micros() as u64,
+            waiting_us = waiting.as_micros() as u64,
+            "live iteration"
+        );
         self.record(|t| {
             t.iterations += 1;
             let x = crate::model::batch_profile::terms(batch);

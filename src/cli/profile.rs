@@ -124,11 +124,7 @@ fn profile_serving(a: &ProfileArgs, config: &meshsim::exec::TransformerConfig) -
         a.out.display()
     );
     let fit = b.fit();
-    println!(
-        "  iteration ns = {:.0} + {:.0} x members + {:.1} x new tokens + {:.4} x attention pairs \
-         + {:.2} x K/V tokens read + {:.2} x cached tokens of chunk members",
-        fit.coef[0], fit.coef[1], fit.coef[2], fit.coef[3], fit.coef[4], fit.coef[5]
-    );
+    println!("  iteration {fit}");
     let mut worst: f64 = 0.0;
     for it in &b.iterations {
         let model = fit.iteration(&it.shape()).0 as f64;

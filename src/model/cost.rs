@@ -46,6 +46,9 @@ pub struct BatchShape {
     /// one-token member's attention is a vector-matrix product). Only a measured profile
     /// prices it ([`crate::model::batch_profile`]); the roofline's attention is in the pairs.
     pub chunk_cached_tokens: u64,
+    /// Members that compute more than one new token (prefill chunks). Only a measured
+    /// profile prices them ([`crate::model::batch_profile`]).
+    pub chunk_seqs: u64,
 }
 
 impl BatchShape {
@@ -59,6 +62,7 @@ impl BatchShape {
         self.kv_read_tokens += cached + n;
         if n > 1 {
             self.chunk_cached_tokens += cached;
+            self.chunk_seqs += 1;
         }
     }
 
@@ -172,6 +176,7 @@ mod tests {
                 attention_pairs: 29,
                 kv_read_tokens: 19,
                 chunk_cached_tokens: 3,
+                chunk_seqs: 2,
             }
         );
     }
