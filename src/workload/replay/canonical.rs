@@ -84,7 +84,6 @@ pub fn read(path: &Path, max_requests: Option<u32>) -> Result<Loaded, TraceError
     let h: Header = parse(path, hn, htext)?;
     check_header(path, hn, &h)?;
     let mut arena = TokenArena::default();
-    let mut pseudo = Vec::new();
     let mut requests: Vec<Request> = Vec::new();
     let mut request_lines = Vec::new();
     let mut contexts = 0u32;
@@ -97,7 +96,7 @@ pub fn read(path: &Path, max_requests: Option<u32>) -> Result<Loaded, TraceError
         let line: Line = parse(path, n, text)?;
         let err = |field: &str, msg: String| TraceError::at(path, n, field, msg);
         if let Some(id) = line.segment {
-            segment(&line, id, &mut arena, &mut pseudo).map_err(|(f, m)| err(f, m))?;
+            segment(&line, id, &mut arena).map_err(|(f, m)| err(f, m))?;
             continue;
         }
         let previous = requests.last().map(|r: &Request| r.arrival);
@@ -126,7 +125,6 @@ pub fn read(path: &Path, max_requests: Option<u32>) -> Result<Loaded, TraceError
         units: h.units,
         questions: h.questions,
         skipped_lines: 0,
-        pseudo,
         lines: request_lines,
     })
 }
@@ -167,13 +165,8 @@ fn check_header(path: &Path, n: usize, h: &Header) -> Result<(), TraceError> {
     Ok(())
 }
 
-/// Adds segment line `id` to the arena (and its pseudo key, if any).
-fn segment(
-    line: &Line,
-    id: u32,
-    arena: &mut TokenArena,
-    pseudo: &mut Vec<Option<u64>>,
-) -> Result<(), LineError> {
+/// Adds segment line `id` to the arena (a pseudo segment as its key).
+fn segment(line: &Line, id: u32, arena: &mut TokenArena) -> Result<(), LineError> {
     if line.arrival_ns.is_some()
         || line.prompt.is_some()
         || line.output_tokens.is_some()
@@ -216,11 +209,9 @@ fn segment(
     match line.pseudo_key {
         Some(key) => {
             arena.push_pseudo(key, line.len.unwrap_or(0), PSEUDO_VOCAB);
-            pseudo.push(Some(key));
         }
         None => {
             arena.push(line.tokens.clone().unwrap_or_default());
-            pseudo.push(None);
         }
     }
     Ok(())
@@ -300,16 +291,18 @@ pub fn write(loaded: &Loaded, mut out: impl Write) -> std::io::Result<()> {
     writeln!(out, "}}")?;
     let mut buf = String::new();
     for i in 0..t.arena.segments() {
-        let tokens = t.arena.segment(SegId(i as u32));
-        match loaded.pseudo.get(i).copied().flatten() {
-            Some(key) => writeln!(
+        let id = SegId(i as u32);
+        // A pseudo segment of the format's vocabulary is written as its key; any other
+        // segment as its tokens.
+        match t.arena.pseudo(id).filter(|p| p.vocab == PSEUDO_VOCAB) {
+            Some(p) => writeln!(
                 out,
-                "{{\"segment\": {i}, \"pseudo_key\": {key}, \"len\": {}}}",
-                tokens.len()
+                "{{\"segment\": {i}, \"pseudo_key\": {}, \"len\": {}}}",
+                p.key, p.len
             )?,
             None => {
                 buf.clear();
-                join(&mut buf, tokens.iter());
+                join(&mut buf, t.arena.segment(id).iter());
                 writeln!(out, "{{\"segment\": {i}, \"tokens\": [{buf}]}}")?;
             }
         }

@@ -175,9 +175,6 @@ pub struct Loaded {
     pub questions: Option<u32>,
     /// Lines skipped as malformed (only with `skip_bad_lines`).
     pub skipped_lines: u64,
-    /// For each segment of the arena, `Some(key)` when its tokens are the pseudo tokens
-    /// `pseudo_tokens(key, len)`, which lets the canonical writer store it compactly.
-    pub pseudo: Vec<Option<u64>>,
     /// For each request of the trace, the 1-based line of the file it comes from; empty for
     /// datasets, whose requests have no line of their own.
     pub lines: Vec<usize>,
@@ -433,7 +430,6 @@ impl Corpus {
 
     /// The loaded trace of this corpus's `requests` over `arena`.
     fn loaded(&self, arena: TokenArena, requests: Vec<Request>, contexts: u32) -> Loaded {
-        let pseudo = vec![None; arena.segments()];
         Loaded {
             trace: Trace {
                 arena,
@@ -446,7 +442,6 @@ impl Corpus {
             units: Some(self.units() as u32),
             questions: Some(self.questions() as u32),
             skipped_lines: self.skipped_lines,
-            pseudo,
             lines: Vec::new(),
         }
     }
@@ -562,7 +557,6 @@ impl TraceFile {
             self.records.truncate(max as usize);
         }
         let mut arena = TokenArena::default();
-        let mut pseudo = Vec::new();
         // Lookups only (never iterated), so std's hasher cannot change the result.
         let mut segs: std::collections::HashMap<(u64, u32), SegId> = Default::default();
         let mut requests = Vec::with_capacity(self.records.len());
@@ -584,7 +578,6 @@ impl TraceFile {
         // Pseudo blocks are kept as their keys (16 bytes a block, whatever its length).
         arena.reserve(0, distinct.len());
         for &(key, len) in &distinct {
-            pseudo.push(Some(key));
             arena.push_pseudo(key, len, PSEUDO_VOCAB);
         }
         for (r, segments) in self.records.iter().zip(prompts) {
@@ -612,7 +605,6 @@ impl TraceFile {
             units: None,
             questions: None,
             skipped_lines: self.skipped_lines,
-            pseudo,
             lines: self.records.iter().map(|r| r.line).collect(),
         }
     }
