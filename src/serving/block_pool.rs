@@ -513,4 +513,151 @@ mod tests {
         assert_eq!(pool.free_blocks(), 2);
         pool.check().unwrap();
     }
+
+    /// vLLM's prefix-caching pool written the obvious way (a queue of free blocks, LRU at
+    /// the front, and a map of registered hashes), against which [`BlockPool`] must agree
+    /// operation by operation: the same blocks handed out, the same hits, the same evictions.
+    #[derive(Default)]
+    struct Reference {
+        refs: Vec<u32>,
+        hash: Vec<Option<u64>>,
+        free: std::collections::VecDeque<BlockId>,
+        index: std::collections::HashMap<u64, BlockId>,
+        evictions: u64,
+    }
+
+    impl Reference {
+        fn new(n: u32) -> Reference {
+            Reference {
+                refs: vec![0; n as usize],
+                hash: vec![None; n as usize],
+                free: (0..n).collect(),
+                ..Reference::default()
+            }
+        }
+        fn longest_cached_prefix(&self, hashes: &[u64]) -> (u32, u32) {
+            let mut hits = 0;
+            let mut free = 0;
+            for h in hashes {
+                let Some(&b) = self.index.get(h) else { break };
+                hits += 1;
+                free += (self.refs[b as usize] == 0) as u32;
+            }
+            (hits, free)
+        }
+        fn take_cached(&mut self, hashes: &[u64], out: &mut Vec<BlockId>) {
+            for h in hashes {
+                let b = self.index[h];
+                if self.refs[b as usize] == 0 {
+                    let at = self.free.iter().position(|&x| x == b).unwrap();
+                    self.free.remove(at);
+                }
+                self.refs[b as usize] += 1;
+                out.push(b);
+            }
+        }
+        fn allocate(&mut self, n: u32, out: &mut Vec<BlockId>) -> bool {
+            if n as usize > self.free.len() {
+                return false;
+            }
+            for _ in 0..n {
+                let b = self.free.pop_front().unwrap();
+                if let Some(h) = self.hash[b as usize].take() {
+                    self.index.remove(&h);
+                    self.evictions += 1;
+                }
+                self.refs[b as usize] = 1;
+                out.push(b);
+            }
+            true
+        }
+        fn release(&mut self, blocks: &[BlockId]) {
+            for &b in blocks.iter().rev() {
+                self.refs[b as usize] -= 1;
+                if self.refs[b as usize] == 0 {
+                    self.free.push_back(b);
+                }
+            }
+        }
+        fn register(&mut self, b: BlockId, h: u64) {
+            if self.hash[b as usize].is_none() && !self.index.contains_key(&h) {
+                self.index.insert(h, b);
+                self.hash[b as usize] = Some(h);
+            }
+        }
+    }
+
+    #[test]
+    fn the_pool_agrees_with_the_obvious_lru_pool_through_random_serving() {
+        use crate::hash::mix64;
+        use crate::rng::Stream;
+        for seed in 0..60u64 {
+            let mut rng = Stream::new(seed, 7);
+            let n = 8 + rng.below(40) as u32;
+            let mut pool = BlockPool::new(n, true);
+            let mut model = Reference::new(n);
+            // Running sequences: their hash chain, blocks held, and blocks registered so far.
+            let mut running: Vec<(Vec<u64>, Vec<BlockId>, usize)> = Vec::new();
+            for step in 0..400 {
+                let at = format!("seed {seed}, step {step}");
+                match rng.below(4) {
+                    // A new sequence: a prompt of one of 4 contexts (shared leading blocks)
+                    // then blocks of its own; it takes its cached prefix and allocates the rest.
+                    0 | 1 => {
+                        let context = rng.below(4);
+                        let shared = rng.below(8) as usize;
+                        let len = 1 + rng.below(10) as usize;
+                        let own = rng.next_u64();
+                        let hashes: Vec<u64> = (0..len)
+                            .map(|i| {
+                                let root = if i < shared { context } else { own };
+                                mix64(root ^ mix64(i as u64 + 1))
+                            })
+                            .collect();
+                        let (hits, free) = pool.longest_cached_prefix(&hashes);
+                        assert_eq!((hits, free), model.longest_cached_prefix(&hashes), "{at}");
+                        let (mut a, mut b) = (Vec::new(), Vec::new());
+                        pool.take_cached(&hashes[..hits as usize], &mut a);
+                        model.take_cached(&hashes[..hits as usize], &mut b);
+                        let rest = len as u32 - hits;
+                        let ok = pool.allocate(rest, &mut a);
+                        assert_eq!(ok, model.allocate(rest, &mut b), "{at}");
+                        assert_eq!(a, b, "{at}: blocks handed out");
+                        if ok {
+                            running.push((hashes, a, hits as usize));
+                        } else {
+                            // As an instance that cannot admit it: give the hits back.
+                            pool.release(&a);
+                            model.release(&b);
+                        }
+                    }
+                    // A running sequence computes some more of its prompt: those blocks are
+                    // registered (a block whose hash another holds stays unregistered).
+                    2 if !running.is_empty() => {
+                        let i = rng.below(running.len() as u64) as usize;
+                        let (hashes, blocks, done) = &mut running[i];
+                        let upto =
+                            *done + rng.range_inclusive(0, (hashes.len() - *done) as u64) as usize;
+                        pool.register_all(&blocks[*done..upto], &hashes[*done..upto]);
+                        for j in *done..upto {
+                            model.register(blocks[j], hashes[j]);
+                        }
+                        *done = upto;
+                    }
+                    // A sequence finishes (or is preempted): it releases every block.
+                    _ if !running.is_empty() => {
+                        let i = rng.below(running.len() as u64) as usize;
+                        let (_, blocks, _) = running.swap_remove(i);
+                        pool.release(&blocks);
+                        model.release(&blocks);
+                    }
+                    _ => {}
+                }
+                assert_eq!(pool.free_blocks() as usize, model.free.len(), "{at}");
+                assert_eq!(pool.stats.evictions, model.evictions, "{at}");
+                assert_eq!(pool.cached_blocks(), model.index.len(), "{at}");
+                pool.check().unwrap_or_else(|e| panic!("{at}: {e}"));
+            }
+        }
+    }
 }
