@@ -210,6 +210,29 @@ fn a_measured_profile_prices_the_live_iterations_and_calibrates_the_simulation()
             fit.coef,
             t.terms,
         );
+        // And each kind of iteration on its own: decode steps and prefill chunks.
+        for kind in meshsim::backend::IterationKind::ALL {
+            let k = &t.by_kind[kind as usize];
+            if k.iterations < 5 {
+                continue;
+            }
+            let priced: f64 = fit
+                .coef
+                .iter()
+                .zip(k.terms)
+                .map(|(c, x)| c * x)
+                .sum::<f64>()
+                / 1e9;
+            let measured = k.compute.as_secs_f64();
+            assert!(
+                (0.5..2.0).contains(&(measured / priced)),
+                "{} {}: the profile prices {priced:.3} s of {} iterations that took \
+                 {measured:.3} s",
+                r.policy.name(),
+                kind.name(),
+                k.iterations,
+            );
+        }
     }
     let sim = meshsim::serving::run::simulate_all(&s, Arc::new(trace(&s).unwrap()), 1).unwrap();
     let p50 = |runs: &[meshsim::serving::run::PolicyRun], p: PolicyKind| {

@@ -26,7 +26,7 @@ pub use batch::{
     BatchBackend, BlockId, KvData, KvSource, LoadItem, Member, Sampled, SimBatchBackend, TensorId,
 };
 pub use candle::CandleBackend;
-pub use paged::{DeviceLock, PagedCandleBackend, Timing};
+pub use paged::{DeviceLock, IterationKind, KindTiming, PagedCandleBackend, Timing};
 pub use sim::SimBackend;
 
 use candle_core::Tensor;

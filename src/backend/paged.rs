@@ -101,6 +101,52 @@ pub struct Timing {
     pub waiting: std::time::Duration,
     /// Wall time of store loads and exports (copies of K/V).
     pub copies: std::time::Duration,
+    /// The iterations by kind ([`IterationKind`]): how many, their terms and wall time.
+    pub by_kind: [KindTiming; 3],
+}
+
+/// What the iterations of one [`IterationKind`] took against their shapes.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct KindTiming {
+    pub iterations: u64,
+    pub terms: [f64; crate::model::batch_profile::TERMS],
+    pub compute: std::time::Duration,
+}
+
+/// Iterations by what their members compute: a profile may price one kind well and another
+/// badly, which the sums over all iterations hide.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IterationKind {
+    /// Every member computes one token.
+    Decode,
+    /// Every member computes a chunk of several tokens.
+    Prefill,
+    /// Both.
+    Mixed,
+}
+
+impl IterationKind {
+    pub const ALL: [IterationKind; 3] = [
+        IterationKind::Decode,
+        IterationKind::Prefill,
+        IterationKind::Mixed,
+    ];
+
+    pub fn of(b: &crate::model::cost::BatchShape) -> IterationKind {
+        match b.chunk_seqs {
+            0 => IterationKind::Decode,
+            c if c == b.seqs => IterationKind::Prefill,
+            _ => IterationKind::Mixed,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            IterationKind::Decode => "decode",
+            IterationKind::Prefill => "prefill",
+            IterationKind::Mixed => "mixed",
+        }
+    }
 }
 
 impl PagedCandleBackend {
@@ -300,6 +346,12 @@ impl BatchBackend for PagedCandleBackend {
             }
             t.compute += compute;
             t.waiting += waiting;
+            let k = &mut t.by_kind[IterationKind::of(batch) as usize];
+            k.iterations += 1;
+            for (s, x) in k.terms.iter_mut().zip(x) {
+                *s += x;
+            }
+            k.compute += compute;
         });
         Ok(Nanos::ZERO)
     }

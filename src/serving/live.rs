@@ -193,10 +193,13 @@ pub async fn live_with(
     let out = crate::live::host::run(list, s.seed, s.max_wall).await?;
     let summary = Summary::new(policy.name(), &out.report, out.messages);
     let t = *timing.lock().unwrap_or_else(|e| e.into_inner());
-    let priced = s.serving.profile.as_ref().map(|(_, fit)| {
-        let ns: f64 = fit.coef.iter().zip(t.terms).map(|(c, x)| c * x).sum();
-        ns / 1e9
-    });
+    let price = |terms: &[f64; crate::model::batch_profile::TERMS]| {
+        s.serving.profile.as_ref().map(|(_, fit)| {
+            let ns: f64 = fit.coef.iter().zip(terms).map(|(c, x)| c * x).sum();
+            ns / 1e9
+        })
+    };
+    let priced = price(&t.terms);
     tracing::info!(
         policy = policy.name(),
         iterations = t.iterations,
@@ -206,6 +209,26 @@ pub async fn live_with(
         kv_copies_s = t.copies.as_secs_f64(),
         "live iterations"
     );
+    // By kind: a profile that prices decode steps well and chunks badly shows here.
+    for kind in crate::backend::IterationKind::ALL {
+        let k = &t.by_kind[kind as usize];
+        if k.iterations == 0 {
+            continue;
+        }
+        let priced = price(&k.terms);
+        tracing::info!(
+            policy = policy.name(),
+            kind = kind.name(),
+            iterations = k.iterations,
+            compute_s = k.compute.as_secs_f64(),
+            profile_prices_s = priced,
+            profile_error = priced.map(|p| format!(
+                "{:+.1}%",
+                100.0 * (p / k.compute.as_secs_f64().max(1e-9) - 1.0)
+            )),
+            "live iterations by kind"
+        );
+    }
     if let Some(m) = &memory {
         for node in 0..m.nodes() {
             let st = m.stats(node);
