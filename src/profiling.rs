@@ -366,9 +366,9 @@ impl crate::backend::KvSource for Held {
 
 /// Measures the serving batch backend ([`crate::backend::PagedCandleBackend`]) of `cfg`
 /// (all layers, f32, weights from `weights`) on `device`: the median wall time of whole
-/// iterations of the shapes of `grid`, measured in `repeats` interleaved rounds (every shape
-/// once a round, in a seeded random order), and of exporting and loading whole store
-/// tensors. See [`crate::model::batch_profile`].
+/// iterations of the shapes of `grid`, measured in `repeats` interleaved rounds after one
+/// warm-up round (every shape once a round, in a seeded random order), and of exporting and
+/// loading whole store tensors. See [`crate::model::batch_profile`].
 pub fn measure_serving(
     cfg: &TransformerConfig,
     weights: &WeightSource,

@@ -194,13 +194,7 @@ fn a_measured_profile_prices_the_live_iterations_and_calibrates_the_simulation()
     let live = common::runtime().block_on(live_all(&s)).unwrap();
     for r in &live {
         let t = r.timing.unwrap();
-        let priced: f64 = fit
-            .coef
-            .iter()
-            .zip(t.terms)
-            .map(|(c, x)| c * x)
-            .sum::<f64>()
-            / 1e9;
+        let priced = fit.price(&t.terms) / 1e9;
         let measured = t.compute.as_secs_f64();
         assert!(
             (0.5..2.0).contains(&(measured / priced)),
@@ -216,13 +210,7 @@ fn a_measured_profile_prices_the_live_iterations_and_calibrates_the_simulation()
             if k.iterations < 5 {
                 continue;
             }
-            let priced: f64 = fit
-                .coef
-                .iter()
-                .zip(k.terms)
-                .map(|(c, x)| c * x)
-                .sum::<f64>()
-                / 1e9;
+            let priced = fit.price(&k.terms) / 1e9;
             let measured = k.compute.as_secs_f64();
             assert!(
                 (0.5..2.0).contains(&(measured / priced)),

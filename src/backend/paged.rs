@@ -25,8 +25,8 @@
 //! tokens over its gathered cache), not as one padded batch: on a CPU a batch of unequal
 //! sequences gains nothing from padding, and each member's result is then exactly what the
 //! model computes for it alone. The measured profile of the backend
-//! ([`crate::model::profile`]) prices an iteration the same way: the sum of its members'
-//! prefill chunks and decode steps.
+//! ([`crate::model::batch_profile`]) prices an iteration the same way: a linear model of
+//! sums over its members, with no cost of the iteration's own.
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -117,7 +117,8 @@ pub struct KindTiming {
 /// badly, which the sums over all iterations hide.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IterationKind {
-    /// Every member computes one token.
+    /// Every member computes one token (decode steps, and the last token of a prompt whose
+    /// prefix was all cached).
     Decode,
     /// Every member computes a chunk of several tokens.
     Prefill,

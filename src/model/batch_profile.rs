@@ -6,7 +6,8 @@
 //! blocks. `meshsim profile --serving` times whole iterations of chosen shapes:
 //!
 //! - **prefill** chunks: one member, `n` new tokens, `c` cached tokens, for a grid of `n`
-//!   (from an empty cache) and of `c` (a fixed chunk after a cached context);
+//!   (from an empty cache), and chunks of a few sizes after each of a grid of cached
+//!   contexts `c`;
 //! - **decode** steps: `b` members each computing one token after `c` cached tokens, for a
 //!   grid of batch sizes and contexts;
 //!
@@ -107,13 +108,17 @@ impl std::fmt::Display for BatchFit {
 }
 
 impl BatchFit {
+    /// The modelled nanoseconds of iterations whose terms ([`terms`]) sum to `sums`.
+    pub fn price(&self, sums: &[f64; TERMS]) -> f64 {
+        sums.iter().zip(&self.coef).map(|(x, c)| x * c).sum()
+    }
+
     /// The modelled time of iteration `b` (zero for an empty one).
     pub fn iteration(&self, b: &BatchShape) -> Nanos {
         if b.is_empty() {
             return Nanos::ZERO;
         }
-        let t: f64 = terms(b).iter().zip(&self.coef).map(|(x, c)| x * c).sum();
-        Nanos::from_secs_f64(t.max(0.0) / 1e9)
+        Nanos::from_secs_f64(self.price(&terms(b)).max(0.0) / 1e9)
     }
 }
 

@@ -194,10 +194,10 @@ pub async fn live_with(
     let summary = Summary::new(policy.name(), &out.report, out.messages);
     let t = *timing.lock().unwrap_or_else(|e| e.into_inner());
     let price = |terms: &[f64; crate::model::batch_profile::TERMS]| {
-        s.serving.profile.as_ref().map(|(_, fit)| {
-            let ns: f64 = fit.coef.iter().zip(terms).map(|(c, x)| c * x).sum();
-            ns / 1e9
-        })
+        s.serving
+            .profile
+            .as_ref()
+            .map(|(_, fit)| fit.price(terms) / 1e9)
     };
     let priced = price(&t.terms);
     tracing::info!(
