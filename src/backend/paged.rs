@@ -88,16 +88,12 @@ impl Drop for Turn<'_> {
     }
 }
 
-/// What the iterations of paged backends took, against their shapes: a profile's fitted
-/// model prices `terms` at `coef . terms`, to compare with `compute` (see
-/// [`crate::model::batch_profile`]).
+/// What the iterations of paged backends took, against their shapes, by kind of iteration
+/// (all of them: [`Timing::all`]); a profile's fitted model prices `terms` at
+/// `coef . terms`, to compare with `compute` (see [`crate::model::batch_profile`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Timing {
-    pub iterations: u64,
-    /// Sums over the iterations of the fitted model's terms.
-    pub terms: [f64; crate::model::batch_profile::TERMS],
-    /// Wall time computing, and waiting for the shared device first.
-    pub compute: std::time::Duration,
+    /// Wall time waiting for the shared device before computing.
     pub waiting: std::time::Duration,
     /// Wall time of store loads and exports (copies of K/V).
     pub copies: std::time::Duration,
@@ -105,12 +101,35 @@ pub struct Timing {
     pub by_kind: [KindTiming; 3],
 }
 
-/// What the iterations of one [`IterationKind`] took against their shapes.
+/// What some iterations took against their shapes.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct KindTiming {
     pub iterations: u64,
+    /// Sums over the iterations of the fitted model's terms.
     pub terms: [f64; crate::model::batch_profile::TERMS],
+    /// Wall time computing.
     pub compute: std::time::Duration,
+}
+
+impl KindTiming {
+    fn add(&mut self, other: &KindTiming) {
+        self.iterations += other.iterations;
+        for (s, x) in self.terms.iter_mut().zip(other.terms) {
+            *s += x;
+        }
+        self.compute += other.compute;
+    }
+}
+
+impl Timing {
+    /// Every iteration, whatever its kind.
+    pub fn all(&self) -> KindTiming {
+        let mut all = KindTiming::default();
+        for k in &self.by_kind {
+            all.add(k);
+        }
+        all
+    }
 }
 
 /// Iterations by what their members compute: a profile may price one kind well and another
@@ -340,19 +359,12 @@ impl BatchBackend for PagedCandleBackend {
             "live iteration"
         );
         self.record(|t| {
-            t.iterations += 1;
-            let x = crate::model::batch_profile::terms(batch);
-            for (s, x) in t.terms.iter_mut().zip(x) {
-                *s += x;
-            }
-            t.compute += compute;
             t.waiting += waiting;
-            let k = &mut t.by_kind[IterationKind::of(batch) as usize];
-            k.iterations += 1;
-            for (s, x) in k.terms.iter_mut().zip(x) {
-                *s += x;
-            }
-            k.compute += compute;
+            t.by_kind[IterationKind::of(batch) as usize].add(&KindTiming {
+                iterations: 1,
+                terms: crate::model::batch_profile::terms(batch),
+                compute,
+            });
         });
         Ok(Nanos::ZERO)
     }

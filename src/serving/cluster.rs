@@ -413,11 +413,12 @@ impl System for Serving {
 impl Drop for NodeShared {
     fn drop(&mut self) {
         let t = *self.timing.lock().unwrap_or_else(|e| e.into_inner());
-        if t.iterations > 0 {
+        let all = t.all();
+        if all.iterations > 0 {
             tracing::info!(
                 node = self.me,
-                iterations = t.iterations,
-                compute_s = t.compute.as_secs_f64(),
+                iterations = all.iterations,
+                compute_s = all.compute.as_secs_f64(),
                 waiting_for_device_s = t.waiting.as_secs_f64(),
                 kv_copies_s = t.copies.as_secs_f64(),
                 "live iterations on this node"

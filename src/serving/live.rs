@@ -199,11 +199,12 @@ pub async fn live_with(
             .as_ref()
             .map(|(_, fit)| fit.price(terms) / 1e9)
     };
-    let priced = price(&t.terms);
+    let all = t.all();
+    let priced = price(&all.terms);
     tracing::info!(
         policy = policy.name(),
-        iterations = t.iterations,
-        compute_s = t.compute.as_secs_f64(),
+        iterations = all.iterations,
+        compute_s = all.compute.as_secs_f64(),
         profile_prices_s = priced,
         waiting_for_device_s = t.waiting.as_secs_f64(),
         kv_copies_s = t.copies.as_secs_f64(),
