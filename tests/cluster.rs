@@ -236,19 +236,32 @@ fn pipeline_routes_across_meshsim_node_processes() {
     let file = dir.path().join("cluster.toml");
     std::fs::write(&file, scenario_text(&[], None, 4)).unwrap();
     let out = dir.path().join("out");
-    let port = 20_000 + (std::process::id() % 20_000) as u16;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/live_cluster.sh");
-    let o = Command::new("bash")
-        .arg(&script)
-        .arg(&file)
-        .args(["--quiet", "--out"])
-        .arg(&out)
-        .env("MESHSIM", env!("CARGO_BIN_EXE_meshsim"))
-        .env("COOKIE", &good)
-        .env("PORT", port.to_string())
-        .env("HOSTS", "127.0.0.1 127.0.0.1")
-        .output()
-        .unwrap();
+    // The script takes fixed ports (PORT and PORT + 1), as a user gives them. Between our
+    // probe and the nodes' bind another process may take one, so a run that lost that race
+    // (and only that) is tried again on other ports.
+    let mut o = None;
+    for attempt in 0..5 {
+        let port = two_free_ports(attempt);
+        let run = Command::new("bash")
+            .arg(&script)
+            .arg(&file)
+            .args(["--quiet", "--out"])
+            .arg(&out)
+            .env("MESHSIM", env!("CARGO_BIN_EXE_meshsim"))
+            .env("COOKIE", &good)
+            .env("PORT", port.to_string())
+            .env("HOSTS", "127.0.0.1 127.0.0.1")
+            .output()
+            .unwrap();
+        let lost_race = !run.status.success()
+            && String::from_utf8_lossy(&run.stderr).contains("Address already in use");
+        o = Some(run);
+        if !lost_race {
+            break;
+        }
+    }
+    let o = o.unwrap();
     assert!(
         o.status.success(),
         "{}\n{}",
@@ -257,4 +270,19 @@ fn pipeline_routes_across_meshsim_node_processes() {
     );
     let csv = std::fs::read_to_string(out.join("requests.csv")).unwrap();
     assert_eq!(csv.lines().count(), 1 + 4, "{csv}");
+}
+
+/// A port P such that P and P + 1 are both free on 127.0.0.1 now, below the kernel's
+/// ephemeral range (32768 and up on Linux), where outgoing connections of the test's other
+/// cases (and of the rest of the machine) take their local ports.
+fn two_free_ports(attempt: u32) -> u16 {
+    let start = 20_000 + ((std::process::id() + 997 * attempt) % 12_000) as u16;
+    (0..2_000u16)
+        .map(|i| 20_000 + (start - 20_000 + 2 * i) % 12_000)
+        .find(|&p| {
+            let a = std::net::TcpListener::bind(("127.0.0.1", p));
+            let b = std::net::TcpListener::bind(("127.0.0.1", p + 1));
+            a.is_ok() && b.is_ok()
+        })
+        .expect("no two free ports between 20000 and 32000 on 127.0.0.1")
 }
