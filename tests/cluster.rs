@@ -240,10 +240,8 @@ fn pipeline_routes_across_meshsim_node_processes() {
     // The script takes fixed ports (PORT and PORT + 1), as a user gives them. Between our
     // probe and the nodes' bind another process may take one, so a run that lost that race
     // (and only that) is tried again on other ports.
-    let mut o = None;
-    for attempt in 0..5 {
-        let port = two_free_ports(attempt);
-        let run = Command::new("bash")
+    let run = |port: u16| {
+        Command::new("bash")
             .arg(&script)
             .arg(&file)
             .args(["--quiet", "--out"])
@@ -253,15 +251,18 @@ fn pipeline_routes_across_meshsim_node_processes() {
             .env("PORT", port.to_string())
             .env("HOSTS", "127.0.0.1 127.0.0.1")
             .output()
-            .unwrap();
-        let lost_race = !run.status.success()
-            && String::from_utf8_lossy(&run.stderr).contains("Address already in use");
-        o = Some(run);
-        if !lost_race {
+            .unwrap()
+    };
+    let lost_race = |o: &std::process::Output| {
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("Address already in use")
+    };
+    let mut o = run(two_free_ports(0));
+    for attempt in 1..5 {
+        if !lost_race(&o) {
             break;
         }
+        o = run(two_free_ports(attempt));
     }
-    let o = o.unwrap();
     assert!(
         o.status.success(),
         "{}\n{}",
@@ -276,9 +277,9 @@ fn pipeline_routes_across_meshsim_node_processes() {
 /// ephemeral range (32768 and up on Linux), where outgoing connections of the test's other
 /// cases (and of the rest of the machine) take their local ports.
 fn two_free_ports(attempt: u32) -> u16 {
-    let start = 20_000 + ((std::process::id() + 997 * attempt) % 12_000) as u16;
+    let offset = ((std::process::id() + 997 * attempt) % 12_000) as u16;
     (0..2_000u16)
-        .map(|i| 20_000 + (start - 20_000 + 2 * i) % 12_000)
+        .map(|i| 20_000 + (offset + 2 * i) % 12_000)
         .find(|&p| {
             let a = std::net::TcpListener::bind(("127.0.0.1", p));
             let b = std::net::TcpListener::bind(("127.0.0.1", p + 1));
