@@ -1,26 +1,36 @@
 //! The hash index of a block pool: registered block hash -> block id.
 //!
 //! An open-addressing table with linear probing: a key's home slot is given by its top 32
-//! bits (keys are already well-mixed 64-bit block hashes, see [`crate::hash`]), a lookup walks
-//! from there to the key or to an empty slot, and a removal shifts the following entries back
-//! instead of leaving a tombstone. A pool registers at most one hash per block, so the table
-//! is sized once for its pool's blocks at 3/5 full at most (short probe runs: about 2 slots
-//! for a hit, 4 for a miss). The slots are allocated zeroed, so the system maps their pages
-//! only as entries land in them.
+//! bits (keys are already well-mixed 64-bit block hashes, see [`crate::hash`]), and a lookup
+//! walks from there to the key or to an empty slot.
 //!
 //! **A slot is 8 bytes**: the key's top 32 bits (its *tag*, from which its home follows) and
 //! the block id plus one (0 marks an empty slot). The rest of the key lives in the block's
-//! record, which the pool reads anyway (a hit takes a reference on the block), so a lookup
-//! confirms a tag match by asking the pool whether the block holds the full key (`holds`),
-//! and a removal, which knows the block, matches the block id. Eight slots share a cache
-//! line, and a full-size Polaris's 2,240 indexes take half the memory of 16-byte slots.
+//! record, which the pool reads anyway (a hit takes a reference on the block), so every
+//! operation asks the pool for a block's registered hash (`hash_of`), and a slot is *live*
+//! when its block is registered under a hash with the slot's tag. Eight slots share a cache
+//! line.
 //!
-//! Why not `HashMap`: at cluster scale every pool is cold when its instance's event comes (a
-//! run touches 2,240 pools in turn), so each block registered, looked up or evicted costs a
-//! cache miss. The pool knows the keys of a whole run of blocks in advance, and
-//! [`BlockIndex::prefetch`] lets it ask for their slots a few blocks ahead, so the misses
-//! overlap instead of following one another. Nothing iterates the table except checks, so its
-//! order never reaches a result.
+//! **Evictions do not touch the table.** The pool drops a block's hash by clearing it in the
+//! block's record; the slot that named it becomes *stale* and is skipped by lookups (its block
+//! no longer holds the key) until the table fills up. Then the pool rebuilds it from its
+//! registered blocks ([`BlockIndex::rebuild`]): one sequential pass over the block records,
+//! and inserts into a table the size of the pool's (a few hundred KiB, which the pass brings
+//! into the cache). At cluster scale every pool is cold when its instance's event comes, so
+//! removing each evicted block's slot cost a cache miss per block (21 % of `local-prefix` at
+//! 560 nodes once pools cycle). A pool registers at most one hash per block, so at most `max`
+//! slots are live; the table has `2 * max + 1` slots and is rebuilt when 3/4 of them are full,
+//! so a rebuild comes after at least half a pool of evictions, probe runs stay short, and the
+//! table always has an empty slot. A stale slot that names a block being registered again
+//! under a key with the same tag lies on the key's probe path: it is reused, so no two live
+//! slots name one block. The slots are allocated zeroed, so the system maps their pages only
+//! as entries land in them.
+//!
+//! Why not `HashMap`: the pool knows the keys of a whole run of blocks in advance, and
+//! [`BlockIndex::prefetch`] lets it ask for their slots a few blocks ahead, so the misses of
+//! a cold table overlap instead of following one another. Nothing iterates the table except
+//! checks, and a lookup's answer (the one live slot of its key) does not depend on where
+//! slots lie, so the table's order never reaches a result.
 
 use crate::sim::prefetch;
 
@@ -45,28 +55,29 @@ fn block(s: u64) -> u32 {
 pub struct BlockIndex {
     /// `tag << 32 | block + 1`.
     slots: Vec<u64>,
-    len: usize,
-    /// Most entries (3/5 of the slots).
-    max: usize,
+    /// Full slots, live or stale.
+    full: usize,
+    /// Most full slots before a rebuild (3/4 of the slots).
+    max_full: usize,
+    /// Most live slots (one per block of the pool).
+    max_live: usize,
 }
 
 impl BlockIndex {
-    /// An index for at most `max` entries, of blocks below `u32::MAX`.
+    /// An index for at most `max` live entries, of blocks below `u32::MAX`.
     pub fn new(max: usize) -> BlockIndex {
-        let slots = max * 5 / 3 + 1;
+        let slots = 2 * max + 1;
         BlockIndex {
             slots: vec![EMPTY; slots],
-            len: 0,
-            max,
+            full: 0,
+            max_full: slots * 3 / 4,
+            max_live: max,
         }
     }
 
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
+    /// Full slots, live or stale.
+    pub fn full_slots(&self) -> usize {
+        self.full
     }
 
     /// The home slot of a key with tag `t`.
@@ -78,94 +89,78 @@ impl BlockIndex {
         if i + 1 == self.slots.len() { 0 } else { i + 1 }
     }
 
-    /// Slots from `from` forward to `to`, cyclically.
-    fn distance(&self, from: usize, to: usize) -> usize {
-        if to >= from {
-            to - from
-        } else {
-            to + self.slots.len() - from
-        }
-    }
-
-    /// The slot holding `key` (a slot with its tag whose block `holds` it), or the empty slot
-    /// where it would go.
-    fn find(&self, key: u64, holds: impl Fn(u32) -> bool) -> (usize, bool) {
+    /// The block registered under `key`; `hash_of(b)` is block `b`'s registered hash.
+    pub fn get(&self, key: u64, hash_of: impl Fn(u32) -> Option<u64>) -> Option<u32> {
         let t = tag(key);
         let mut i = self.home(t);
-        // Bounded: the table always has an empty slot (it is at most 3/5 full).
+        // Bounded: the table always has an empty slot (it is at most 3/4 full).
         loop {
             let s = self.slots[i];
             if s == EMPTY {
-                return (i, false);
+                return None;
             }
-            if tag(s) == t && holds(block(s)) {
-                return (i, true);
+            if tag(s) == t && hash_of(block(s)) == Some(key) {
+                return Some(block(s));
             }
             i = self.next(i);
         }
     }
 
-    /// The block registered under `key`; `holds(b)` says whether block `b` holds `key`.
-    pub fn get(&self, key: u64, holds: impl Fn(u32) -> bool) -> Option<u32> {
-        match self.find(key, holds) {
-            (i, true) => Some(block(self.slots[i])),
-            _ => None,
-        }
-    }
-
-    /// Maps `key` to `block` unless a block that `holds` it is mapped already; returns
-    /// whether it inserted.
-    pub fn insert_new(&mut self, key: u64, block: u32, holds: impl Fn(u32) -> bool) -> bool {
-        assert!(block < u32::MAX, "block id out of range");
-        match self.find(key, holds) {
-            (_, true) => false,
-            (i, false) => {
-                assert!(
-                    self.len < self.max,
-                    "block index over its {} entries",
-                    self.max
-                );
-                self.slots[i] = slot(tag(key), block);
-                self.len += 1;
-                true
-            }
-        }
-    }
-
-    /// Unmaps `key`, registered to `block`; returns whether it was.
-    pub fn remove(&mut self, key: u64, block: u32) -> bool {
-        let want = slot(tag(key), block);
-        let mut hole = self.home(tag(key));
+    /// Maps `key` to `block` (which holds no hash now) unless a block registered under `key`
+    /// is mapped already; returns whether it mapped it. The table must not be full.
+    pub fn insert_new(&mut self, key: u64, b: u32, hash_of: impl Fn(u32) -> Option<u64>) -> bool {
+        assert!(b < u32::MAX, "block id out of range");
+        assert!(!self.is_full(), "block index full: rebuild it first");
+        let t = tag(key);
+        let want = slot(t, b);
+        let mut i = self.home(t);
+        let mut stale = false;
         // Bounded: the table always has an empty slot.
         loop {
-            let s = self.slots[hole];
+            let s = self.slots[i];
             if s == EMPTY {
-                return false;
+                break;
             }
             if s == want {
-                break;
+                // A stale slot of this block, on this key's probe path: the key's slot, unless
+                // another block holds the key further on.
+                stale = true;
+            } else if tag(s) == t && hash_of(block(s)) == Some(key) {
+                return false;
             }
-            hole = self.next(hole);
+            i = self.next(i);
         }
-        let mut j = hole;
-        // Backward shift: move up every following entry whose home is not between the hole
-        // and it (cyclically). Bounded by the run of full slots after the hole.
-        loop {
-            j = self.next(j);
-            let s = self.slots[j];
-            if s == EMPTY {
-                break;
-            }
-            let home = self.home(tag(s));
-            // Distance from home to j, and from the hole to j, going forward.
-            if self.distance(home, j) >= self.distance(hole, j) {
-                self.slots[hole] = s;
-                hole = j;
-            }
+        if !stale {
+            self.slots[i] = want;
+            self.full += 1;
         }
-        self.slots[hole] = EMPTY;
-        self.len -= 1;
         true
+    }
+
+    /// Whether the table is as full as it may be: the pool rebuilds it before it inserts.
+    pub fn is_full(&self) -> bool {
+        self.full >= self.max_full
+    }
+
+    /// Empties the table and maps each `(key, block)` of `live` (the registered blocks, each
+    /// key once): the stale slots are gone.
+    pub fn rebuild(&mut self, live: impl IntoIterator<Item = (u64, u32)>) {
+        self.slots.fill(EMPTY);
+        self.full = 0;
+        for (key, b) in live {
+            assert!(
+                self.full < self.max_live,
+                "block index over its {} live entries",
+                self.max_live
+            );
+            let t = tag(key);
+            let mut i = self.home(t);
+            while self.slots[i] != EMPTY {
+                i = self.next(i);
+            }
+            self.slots[i] = slot(t, b);
+            self.full += 1;
+        }
     }
 
     /// Asks the processor to bring `key`'s home slot into the cache (a hint:
@@ -175,7 +170,7 @@ impl BlockIndex {
         prefetch::value(&self.slots[self.home(tag(key))]);
     }
 
-    /// Every `(tag, block)`, in no meaningful order (for checks).
+    /// Every full slot's `(tag, block)`, live or stale, in no meaningful order (for checks).
     pub fn iter(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
         self.slots
             .iter()
@@ -191,11 +186,12 @@ mod tests {
     use std::collections::HashMap;
 
     #[test]
-    fn the_index_agrees_with_a_map_through_inserts_and_removals_that_wrap_and_collide() {
-        let mut index = BlockIndex::new(700);
-        // key -> block, and what each block holds (as a pool's records do).
-        let mut model: HashMap<u64, u32> = HashMap::new();
+    fn the_index_agrees_with_a_map_through_registrations_evictions_and_rebuilds() {
+        const BLOCKS: u32 = 300;
+        let mut index = BlockIndex::new(BLOCKS as usize);
+        // What each block is registered under, as a pool's records say; and the inverse.
         let mut holds: HashMap<u32, u64> = HashMap::new();
+        let mut model: HashMap<u64, u32> = HashMap::new();
         // Keys with equal top bits collide (same tag, other low bits); keys near u64::MAX have
         // homes at the end, so their runs wrap around.
         let key = |i: u64| match i % 3 {
@@ -203,37 +199,43 @@ mod tests {
             1 => (7 << 32) | i,
             _ => u64::MAX - (i << 20),
         };
-        for round in 0..5_000u64 {
-            let k = key(round % 700);
-            if round % 5 < 3 {
-                let fresh = !model.contains_key(&k);
-                let b = round as u32;
-                let held = |x: u32| holds.get(&x) == Some(&k);
-                assert_eq!(index.insert_new(k, b, held), fresh);
-                if fresh {
-                    model.insert(k, b);
-                    holds.insert(b, k);
-                }
+        let mut rebuilds = 0;
+        for round in 0..20_000u64 {
+            let k = key(mix64(round) % 900);
+            let b = (mix64(round ^ 0xb10c) % u64::from(BLOCKS)) as u32;
+            if let Some(old) = holds.remove(&b) {
+                // Evict the block: only its record changes.
+                model.remove(&old);
             } else {
-                let b = model.remove(&k);
-                assert_eq!(index.remove(k, b.unwrap_or(u32::MAX - 1)), b.is_some());
-                if let Some(b) = b {
-                    holds.remove(&b);
+                if index.is_full() {
+                    index.rebuild(holds.iter().map(|(&b, &k)| (k, b)));
+                    rebuilds += 1;
+                }
+                let fresh = !model.contains_key(&k);
+                let inserted = index.insert_new(k, b, |x| holds.get(&x).copied());
+                assert_eq!(inserted, fresh, "round {round}");
+                if fresh {
+                    holds.insert(b, k);
+                    model.insert(k, b);
                 }
             }
-            assert_eq!(index.len(), model.len());
+            if round % 97 == 0 {
+                for i in 0..900 {
+                    let k = key(i);
+                    let got = index.get(k, |x| holds.get(&x).copied());
+                    assert_eq!(got, model.get(&k).copied(), "round {round}, key {i}");
+                }
+            }
+            assert!(index.full_slots() <= index.max_full, "round {round}");
         }
-        for i in 0..700 {
-            let k = key(i);
-            let got = index.get(k, |x| holds.get(&x) == Some(&k));
-            assert_eq!(got, model.get(&k).copied());
-        }
+        assert!(rebuilds > 10, "only {rebuilds} rebuilds");
+        index.rebuild(holds.iter().map(|(&b, &k)| (k, b)));
         let mut all: Vec<(u32, u32)> = index.iter().collect();
         all.sort();
         let mut want: Vec<(u32, u32)> =
             model.iter().map(|(&k, &b)| ((k >> 32) as u32, b)).collect();
         want.sort();
-        assert_eq!(all, want);
+        assert_eq!(all, want, "after a rebuild, only the live slots are left");
     }
 
     #[test]
@@ -241,14 +243,34 @@ mod tests {
         let mut index = BlockIndex::new(10);
         let a = (5 << 32) | 1;
         let b = (5 << 32) | 2;
-        assert!(index.insert_new(a, 3, |_| false));
-        // Block 3 holds `a`, not `b`: same tag, another key.
-        let holds = |x: u32, k: u64| x == 3 && k == a;
-        assert_eq!(index.get(b, |x| holds(x, b)), None);
-        assert!(index.insert_new(b, 4, |x| holds(x, b)));
-        assert_eq!(index.get(a, |x| holds(x, a)), Some(3));
-        assert!(index.remove(a, 3));
-        assert!(!index.remove(a, 3));
-        assert_eq!(index.get(b, |x| x == 4), Some(4));
+        assert!(index.insert_new(a, 3, |_| None));
+        // Block 3 holds `a`; `b` has the same tag.
+        let holds = |x: u32| (x == 3).then_some(a);
+        assert_eq!(index.get(b, holds), None);
+        assert!(index.insert_new(b, 4, holds));
+        let holds = |x: u32| match x {
+            3 => Some(a),
+            4 => Some(b),
+            _ => None,
+        };
+        assert_eq!(index.get(a, holds), Some(3));
+        assert_eq!(index.get(b, holds), Some(4));
+        // Block 3 evicted: its slot is stale, and no longer a hit.
+        let holds = |x: u32| (x == 4).then_some(b);
+        assert_eq!(index.get(a, holds), None);
+        assert_eq!(index.get(b, holds), Some(4));
+    }
+
+    #[test]
+    fn a_block_registered_again_under_a_key_with_its_stale_slots_tag_reuses_the_slot() {
+        let mut index = BlockIndex::new(10);
+        let a = (5 << 32) | 1;
+        let c = (5 << 32) | 3;
+        assert!(index.insert_new(a, 3, |_| None));
+        // Block 3 evicted, then registered under `c`: same tag, so the stale slot serves.
+        assert!(index.insert_new(c, 3, |_| None));
+        assert_eq!(index.full_slots(), 1);
+        assert_eq!(index.get(c, |x| (x == 3).then_some(c)), Some(3));
+        assert_eq!(index.get(a, |x| (x == 3).then_some(c)), None);
     }
 }

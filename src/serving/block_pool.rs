@@ -11,9 +11,10 @@
 //!
 //! Every operation is O(1) per block: the free queue is an intrusive doubly linked list over
 //! block indices, and the hash index is a table keyed by the (already mixed) block hash
-//! ([`BlockIndex`]). Operations on a run of blocks (registering a chunk, looking a prompt up,
-//! evicting for an allocation) ask for the index slots of the blocks a few ahead, so that the
-//! cache misses of a cold pool overlap.
+//! ([`BlockIndex`]; an eviction only clears the block's record, leaving a stale slot, and the
+//! pool rebuilds the index from its records when stale slots fill it). Operations on a run of blocks
+//! (registering a chunk, looking a prompt up) ask for the index slots of the blocks a few
+//! ahead, so that the cache misses of a cold pool overlap.
 //!
 //! **Memory and speed.** A pool starts with every block free and untouched, in id order at the
 //! head of the queue; nothing is ever queued ahead of an untouched block (released blocks join
@@ -29,7 +30,7 @@ use super::block_index::BlockIndex;
 use crate::metrics::PoolStats;
 
 /// How many blocks ahead a run of index operations asks for its slots.
-const AHEAD: usize = 8;
+const AHEAD: usize = 16;
 
 pub type BlockId = u32;
 const NIL: u32 = u32::MAX;
@@ -57,12 +58,6 @@ impl Block {
 
     fn hash(&self) -> Option<u64> {
         self.registered.then_some(self.hash)
-    }
-
-    fn take_hash(&mut self) -> Option<u64> {
-        let h = self.hash();
-        self.registered = false;
-        h
     }
 }
 
@@ -127,7 +122,7 @@ impl BlockPool {
     /// Number of registered blocks (in use or free).
     #[cfg(test)]
     pub fn cached_blocks(&self) -> usize {
-        self.index.len()
+        self.blocks.iter().filter(|b| b.registered).count()
     }
 
     /// Untouched blocks: the head of the free queue.
@@ -146,7 +141,7 @@ impl BlockPool {
             if let Some(&ahead) = hashes.get(i + AHEAD) {
                 self.index.prefetch(ahead);
             }
-            match self.index.get(h, |b| self.holds(b, h)) {
+            match self.index.get(h, |b| self.hash_of(b)) {
                 Some(b) => {
                     hits += 1;
                     free += (self.blocks[b as usize].refs == 0) as u32;
@@ -163,7 +158,7 @@ impl BlockPool {
         for &h in hashes {
             let b = self
                 .index
-                .get(h, |b| self.holds(b, h))
+                .get(h, |b| self.hash_of(b))
                 .expect("take_cached takes registered blocks");
             if self.blocks[b as usize].refs == 0 {
                 self.unlink(b);
@@ -197,27 +192,18 @@ impl BlockPool {
         self.touched += fresh;
         out.extend(first..first + fresh);
         self.free -= fresh;
-        // Then the head of the linked queue: first walk it to ask for the index slots of the
-        // hashes to drop, then take the blocks (in the same order).
-        let taken = out.len();
-        let mut b = self.head;
+        // Then the head of the linked queue. Evicting a block drops its hash from its record
+        // only: the index slot that named it is stale from now on (see [`BlockIndex`]).
         for _ in fresh..n {
-            let block = &self.blocks[b as usize];
-            if let Some(h) = block.hash() {
-                self.index.prefetch(h);
-            }
-            out.push(b);
-            b = block.next;
-        }
-        for &b in &out[taken..] {
-            debug_assert_eq!(b, self.head);
+            let b = self.head;
             self.unlink(b);
             let block = &mut self.blocks[b as usize];
-            if let Some(h) = block.take_hash() {
-                self.index.remove(h, b);
+            if block.registered {
+                block.registered = false;
                 self.stats.evictions += 1;
             }
             block.refs = 1;
+            out.push(b);
         }
         true
     }
@@ -249,11 +235,15 @@ impl BlockPool {
             return;
         }
         let blocks = &self.blocks;
-        let holds = |x: u32| {
-            let r = &blocks[x as usize];
-            r.registered && r.hash == hash
-        };
-        if self.index.insert_new(hash, b, holds) {
+        if self.index.is_full() {
+            let live = blocks.iter().enumerate();
+            self.index
+                .rebuild(live.filter_map(|(x, r)| r.hash().map(|h| (h, x as u32))));
+        }
+        if self
+            .index
+            .insert_new(hash, b, |x| blocks[x as usize].hash())
+        {
             let block = &mut self.blocks[b as usize];
             block.hash = hash;
             block.registered = true;
@@ -274,10 +264,9 @@ impl BlockPool {
         }
     }
 
-    /// Whether block `b` is registered under `hash` (the index keeps only its top bits).
-    fn holds(&self, b: BlockId, hash: u64) -> bool {
-        let r = &self.blocks[b as usize];
-        r.registered && r.hash == hash
+    /// Block `b`'s registered hash (the index keeps only its top bits).
+    fn hash_of(&self, b: BlockId) -> Option<u64> {
+        self.blocks[b as usize].hash()
     }
 
     fn unlink(&mut self, b: BlockId) {
@@ -343,27 +332,27 @@ impl BlockPool {
                 self.free
             ));
         }
-        let registered = self.blocks.iter().filter(|b| b.registered).count();
-        if registered != self.index.len() {
-            return Err(format!(
-                "{registered} blocks hold a hash, the index has {}",
-                self.index.len()
-            ));
-        }
+        // Every slot names a block that was allocated, and live slots (whose block holds a
+        // hash with the slot's tag) name distinct blocks; every registered block is found
+        // under its hash.
+        let mut named = vec![false; self.blocks.len()];
         for (tag, b) in self.index.iter() {
-            let held = self.blocks.get(b as usize).and_then(Block::hash);
-            if held.map(|h| (h >> 32) as u32) != Some(tag) {
-                return Err(format!(
-                    "index maps tag {tag:#x} to block {b} which does not hold a hash with it"
-                ));
+            let Some(block) = self.blocks.get(b as usize) else {
+                return Err(format!("the index names block {b}, never allocated"));
+            };
+            if block.hash().map(|h| (h >> 32) as u32) == Some(tag)
+                && std::mem::replace(&mut named[b as usize], true)
+            {
+                return Err(format!("the index names block {b} twice"));
             }
         }
-        // As many entries as registered blocks, each naming a distinct registered block: one
-        // entry per registered block.
-        let mut named = vec![false; self.blocks.len()];
-        for (_, b) in self.index.iter() {
-            if std::mem::replace(&mut named[b as usize], true) {
-                return Err(format!("the index names block {b} twice"));
+        for (b, block) in self.blocks.iter().enumerate() {
+            if let Some(h) = block.hash()
+                && self.index.get(h, |x| self.hash_of(x)) != Some(b as u32)
+            {
+                return Err(format!(
+                    "block {b} is registered under {h:#x}, not found there"
+                ));
             }
         }
         Ok(())
@@ -372,7 +361,7 @@ impl BlockPool {
     /// Without caching: the stack holds distinct touched blocks, and with the untouched ones
     /// as many as the free counter says. (The instance checks that held blocks are distinct.)
     fn check_stack(&self) -> Result<(), String> {
-        if self.head != NIL || !self.blocks.is_empty() || !self.index.is_empty() {
+        if self.head != NIL || !self.blocks.is_empty() || self.index.full_slots() != 0 {
             return Err("a pool without caching keeps block records".into());
         }
         let mut seen = vec![false; self.touched as usize];
