@@ -28,6 +28,7 @@
 
 use super::block_index::BlockIndex;
 use crate::metrics::PoolStats;
+use crate::sim::prefetch;
 
 /// How many blocks ahead a run of index operations asks for its slots.
 const AHEAD: usize = 16;
@@ -218,7 +219,10 @@ impl BlockPool {
             assert!(self.free <= self.num_blocks, "blocks released twice");
             return;
         }
-        for &b in blocks.iter().rev() {
+        for (i, &b) in blocks.iter().enumerate().rev() {
+            if let Some(ahead) = i.checked_sub(AHEAD) {
+                self.prefetch_record(blocks[ahead]);
+            }
             let block = &mut self.blocks[b as usize];
             assert!(block.refs > 0, "block {b} released twice");
             block.refs -= 1;
@@ -259,8 +263,17 @@ impl BlockPool {
         for (i, (&b, &h)) in blocks.iter().zip(hashes).enumerate() {
             if let Some(&ahead) = hashes.get(i + AHEAD) {
                 self.index.prefetch(ahead);
+                self.prefetch_record(blocks[i + AHEAD]);
             }
             self.register(b, h);
+        }
+    }
+
+    /// Asks for block `b`'s record (a cache hint; nothing if it has none yet).
+    #[inline]
+    fn prefetch_record(&self, b: BlockId) {
+        if let Some(r) = self.blocks.get(b as usize) {
+            prefetch::value(r);
         }
     }
 
