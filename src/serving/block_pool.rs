@@ -12,9 +12,10 @@
 //! Every operation is O(1) per block: the free queue is an intrusive doubly linked list over
 //! block indices, and the hash index is a table keyed by the (already mixed) block hash
 //! ([`BlockIndex`]; an eviction only clears the block's record, leaving a stale slot, and the
-//! pool rebuilds the index from its records when stale slots fill it). Operations on a run of blocks
-//! (registering a chunk, looking a prompt up) ask for the index slots of the blocks a few
-//! ahead, so that the cache misses of a cold pool overlap.
+//! pool rebuilds the index from its records when stale slots fill it). Operations on a run of
+//! blocks ask for what they touch a few blocks ahead (a lookup the index slots, a registration
+//! the slots and the records, a release the records), so that the cache misses of a cold pool
+//! overlap.
 //!
 //! **Memory and speed.** A pool starts with every block free and untouched, in id order at the
 //! head of the queue; nothing is ever queued ahead of an untouched block (released blocks join
@@ -34,31 +35,68 @@ use crate::sim::prefetch;
 const AHEAD: usize = 16;
 
 pub type BlockId = u32;
-const NIL: u32 = u32::MAX;
+/// The bits of `Block::link` that hold a block id; all ones is no block.
+const ID: u32 = (1 << 30) - 1;
+const NIL: u32 = ID;
+/// `Block::link`: the block is in use (`word` counts its references).
+const USED: u32 = 1 << 31;
+/// `Block::link`: the block is registered under `hash`.
+const REGISTERED: u32 = 1 << 30;
 
-/// A block's record: 24 bytes (an `Option<u64>` would make it 32).
+/// A block's record: 16 bytes, four to a cache line. A free block needs its queue links and no
+/// reference count, a block in use the count and no links, so one word serves both; block ids
+/// fit in 30 bits (instances have at most 2^24 blocks, see
+/// [`crate::serving::scenario::MAX_BLOCKS_PER_INSTANCE`]), which leaves two flag bits.
 #[derive(Clone, Copy, Debug)]
 struct Block {
-    /// Registered hash, if `registered`.
+    /// Registered hash, if `REGISTERED`.
     hash: u64,
-    refs: u32,
-    prev: u32,
-    next: u32,
-    registered: bool,
+    /// In use: its references. Free: the previous block of the free queue (`NIL` at the head).
+    word: u32,
+    /// The next block of the free queue (`NIL` at the tail and while in use), and the flags.
+    link: u32,
 }
 
 impl Block {
     /// A block taken from the untouched ones by an allocation.
     const ALLOCATED: Block = Block {
         hash: 0,
-        refs: 1,
-        prev: NIL,
-        next: NIL,
-        registered: false,
+        word: 1,
+        link: USED | NIL,
     };
 
     fn hash(&self) -> Option<u64> {
-        self.registered.then_some(self.hash)
+        self.registered().then_some(self.hash)
+    }
+
+    fn registered(&self) -> bool {
+        self.link & REGISTERED != 0
+    }
+
+    fn used(&self) -> bool {
+        self.link & USED != 0
+    }
+
+    fn refs(&self) -> u32 {
+        if self.used() { self.word } else { 0 }
+    }
+
+    fn next(&self) -> u32 {
+        self.link & ID
+    }
+
+    fn set_next(&mut self, next: u32) {
+        self.link = (self.link & !ID) | next;
+    }
+
+    fn set_registered(&mut self, hash: Option<u64>) {
+        match hash {
+            Some(h) => {
+                self.hash = h;
+                self.link |= REGISTERED;
+            }
+            None => self.link &= !REGISTERED,
+        }
     }
 }
 
@@ -123,7 +161,7 @@ impl BlockPool {
     /// Number of registered blocks (in use or free).
     #[cfg(test)]
     pub fn cached_blocks(&self) -> usize {
-        self.blocks.iter().filter(|b| b.registered).count()
+        self.blocks.iter().filter(|b| b.registered()).count()
     }
 
     /// Untouched blocks: the head of the free queue.
@@ -145,7 +183,7 @@ impl BlockPool {
             match self.index.get(h, |b| self.hash_of(b)) {
                 Some(b) => {
                     hits += 1;
-                    free += (self.blocks[b as usize].refs == 0) as u32;
+                    free += !self.blocks[b as usize].used() as u32;
                 }
                 None => break,
             }
@@ -161,10 +199,10 @@ impl BlockPool {
                 .index
                 .get(h, |b| self.hash_of(b))
                 .expect("take_cached takes registered blocks");
-            if self.blocks[b as usize].refs == 0 {
+            if !self.blocks[b as usize].used() {
                 self.unlink(b);
             }
-            self.blocks[b as usize].refs += 1;
+            self.blocks[b as usize].word += 1;
             out.push(b);
         }
         self.stats.hit_blocks += hashes.len() as u64;
@@ -199,11 +237,11 @@ impl BlockPool {
             let b = self.head;
             self.unlink(b);
             let block = &mut self.blocks[b as usize];
-            if block.registered {
-                block.registered = false;
+            if block.registered() {
+                block.set_registered(None);
                 self.stats.evictions += 1;
             }
-            block.refs = 1;
+            block.word = 1;
             out.push(b);
         }
         true
@@ -224,9 +262,9 @@ impl BlockPool {
                 self.prefetch_record(blocks[ahead]);
             }
             let block = &mut self.blocks[b as usize];
-            assert!(block.refs > 0, "block {b} released twice");
-            block.refs -= 1;
-            if block.refs == 0 {
+            assert!(block.refs() > 0, "block {b} released twice");
+            block.word -= 1;
+            if block.word == 0 {
                 self.push_tail(b);
             }
         }
@@ -235,7 +273,7 @@ impl BlockPool {
     /// Registers a full block under `hash` once its KV is computed. If another block already
     /// holds the same prefix, the index keeps that one (both hold identical KV).
     pub fn register(&mut self, b: BlockId, hash: u64) {
-        if !self.caching || self.blocks[b as usize].registered {
+        if !self.caching || self.blocks[b as usize].registered() {
             return;
         }
         let blocks = &self.blocks;
@@ -248,9 +286,7 @@ impl BlockPool {
             .index
             .insert_new(hash, b, |x| blocks[x as usize].hash())
         {
-            let block = &mut self.blocks[b as usize];
-            block.hash = hash;
-            block.registered = true;
+            self.blocks[b as usize].set_registered(Some(hash));
         }
     }
 
@@ -282,30 +318,37 @@ impl BlockPool {
         self.blocks[b as usize].hash()
     }
 
+    /// Takes free block `b` out of the free queue: it is in use, with no reference yet.
     fn unlink(&mut self, b: BlockId) {
-        let Block { prev, next, .. } = self.blocks[b as usize];
+        let block = self.blocks[b as usize];
+        debug_assert!(!block.used());
+        let (prev, next) = (block.word, block.next());
         if prev == NIL {
             self.head = next;
         } else {
-            self.blocks[prev as usize].next = next;
+            self.blocks[prev as usize].set_next(next);
         }
         if next == NIL {
             self.tail = prev;
         } else {
-            self.blocks[next as usize].prev = prev;
+            // A free block's word is its back link.
+            self.blocks[next as usize].word = prev;
         }
-        self.blocks[b as usize].prev = NIL;
-        self.blocks[b as usize].next = NIL;
+        let block = &mut self.blocks[b as usize];
+        block.word = 0;
+        block.link = (block.link & REGISTERED) | USED | NIL;
         self.free -= 1;
     }
 
+    /// Puts block `b`, in use with no reference left, at the tail of the free queue.
     fn push_tail(&mut self, b: BlockId) {
-        self.blocks[b as usize].prev = self.tail;
-        self.blocks[b as usize].next = NIL;
+        let block = &mut self.blocks[b as usize];
+        block.word = self.tail;
+        block.link = (block.link & REGISTERED) | NIL;
         if self.tail == NIL {
             self.head = b;
         } else {
-            self.blocks[self.tail as usize].next = b;
+            self.blocks[self.tail as usize].set_next(b);
         }
         self.tail = b;
         self.free += 1;
@@ -319,11 +362,13 @@ impl BlockPool {
         let mut b = self.head;
         let mut prev = NIL;
         while b != NIL {
-            let block = &self.blocks[b as usize];
-            if block.refs != 0 {
-                return Err(format!("block {b} is free with {} references", block.refs));
+            let Some(block) = self.blocks.get(b as usize) else {
+                return Err(format!("the free queue names block {b}, never allocated"));
+            };
+            if block.used() {
+                return Err(format!("block {b} is free with {} references", block.word));
             }
-            if block.prev != prev {
+            if block.word != prev {
                 return Err(format!("block {b} has a broken back link"));
             }
             n += 1;
@@ -331,12 +376,19 @@ impl BlockPool {
                 return Err("free queue has a cycle".into());
             }
             prev = b;
-            b = block.next;
+            b = block.next();
         }
         if !self.caching {
             return self.check_stack();
         }
-        let unreferenced = self.blocks.iter().filter(|b| b.refs == 0).count();
+        if let Some(b) = self
+            .blocks
+            .iter()
+            .position(|r| r.used() && (r.word == 0 || r.next() != NIL))
+        {
+            return Err(format!("block {b} is in use with no reference, or linked"));
+        }
+        let unreferenced = self.blocks.iter().filter(|b| !b.used()).count();
         let untouched = self.untouched() as usize;
         if n != unreferenced || n + untouched != self.free as usize {
             return Err(format!(
@@ -463,8 +515,8 @@ mod tests {
     }
 
     #[test]
-    fn a_block_record_is_24_bytes() {
-        assert_eq!(std::mem::size_of::<Block>(), 24);
+    fn a_block_record_is_16_bytes() {
+        assert_eq!(std::mem::size_of::<Block>(), 16);
     }
 
     #[test]

@@ -87,8 +87,8 @@ pub struct SweepPoint {
     pub scenario: Scenario,
 }
 
-/// Most KV blocks one instance may have (a used block costs about 24 bytes of record and 27
-/// of hash index).
+/// Most KV blocks one instance may have (a used block costs 16 bytes of record and 16 of hash
+/// index; the pool's block ids need 30 bits at most).
 pub const MAX_BLOCKS_PER_INSTANCE: u32 = 1 << 24;
 /// Most KV blocks all instances together may have.
 pub const MAX_BLOCKS_TOTAL: u64 = 1 << 27;
