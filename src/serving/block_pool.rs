@@ -31,7 +31,8 @@ use super::block_index::BlockIndex;
 use crate::metrics::PoolStats;
 use crate::sim::prefetch;
 
-/// How many blocks ahead a run of index operations asks for its slots.
+/// How many blocks ahead a run of operations asks for the index slots and block records it
+/// will touch.
 const AHEAD: usize = 16;
 
 pub type BlockId = u32;
