@@ -1,4 +1,11 @@
-//! The hash index of a block pool: registered block hash -> block id.
+//! The hash index of a block pool: hash of a chain segment's first block -> block id.
+//!
+//! The pool links the blocks of a chain (see [`crate::serving::block_pool`]): a registered
+//! block names the block registered after it in the same prompt, so only the first block of
+//! each linked run (a *segment start*) needs an entry here. That is one entry or a few per
+//! prompt instead of one per block (a SQuAD prompt is 258 blocks), so the table is small and
+//! stays in the cache, where a table with an entry per block (twice the pool's blocks, a few
+//! hundred KiB) cost a cache miss per registered block at cluster scale.
 //!
 //! An open-addressing table with linear probing: a key's home slot is given by its top 32
 //! bits (keys are already well-mixed 64-bit block hashes, see [`crate::hash`]), and a lookup
@@ -6,36 +13,29 @@
 //!
 //! **A slot is 8 bytes**: the key's top 32 bits (its *tag*, from which its home follows) and
 //! the block id plus one (0 marks an empty slot). The rest of the key lives in the block's
-//! record, which the pool reads anyway (a hit takes a reference on the block), so every
-//! operation asks the pool for a block's registered hash (`hash_of`), and a slot is *live*
-//! when its block is registered under a hash with the slot's tag. Eight slots share a cache
-//! line.
+//! record, so every operation asks the pool for a block's registered hash (`hash_of`), and a
+//! slot is *live* when its block is registered under a hash with the slot's tag.
 //!
 //! **Evictions do not touch the table.** The pool drops a block's hash by clearing it in the
 //! block's record; the slot that named it becomes *stale* and is skipped by lookups (its block
-//! no longer holds the key) until the table fills up. Then the pool rebuilds it from its
-//! registered blocks ([`BlockIndex::rebuild`]): one sequential pass over the block records,
-//! and inserts into a table the size of the pool's (a few hundred KiB, which the pass brings
-//! into the cache). At cluster scale every pool is cold when its instance's event comes, so
-//! removing each evicted block's slot cost a cache miss per block (21 % of `local-prefix` at
-//! 560 nodes once pools cycle). A pool registers at most one hash per block, so at most `max`
-//! slots are live; the table has `2 * max + 1` slots and is rebuilt when 3/4 of them are full,
-//! so a rebuild comes after at least half a pool of evictions, probe runs stay short, and the
-//! table always has an empty slot. A stale slot that names a block being registered again
-//! under a key with the same tag lies on the key's probe path: it is reused, so no two live
-//! slots name one block. The slots are allocated zeroed, so the system maps their pages only
-//! as entries land in them.
+//! no longer holds the key). When full slots reach 3/4 of the table, [`BlockIndex::make_room`]
+//! keeps the live slots and sizes the table to four times their number (at least
+//! [`MIN_SLOTS`], at most `2 * max + 1` for a pool of `max` blocks, which holds every block
+//! with room to spare): a rebuild comes after at least as many insertions as the entries it
+//! keeps, probe runs stay short, and the table always has an empty slot. A stale slot that
+//! names a block being indexed again under a key with the same tag lies on the key's probe
+//! path and is reused, so live slots never name a block twice.
 //!
-//! Why not `HashMap`: the pool knows the keys of a whole run of blocks in advance, and
-//! [`BlockIndex::prefetch`] lets it ask for their slots a few blocks ahead, so the misses of
-//! a cold table overlap instead of following one another. Nothing iterates the table except
-//! checks, and a lookup's answer (the one live slot of its key) does not depend on where
-//! slots lie, so the table's order never reaches a result.
-
-use crate::sim::prefetch;
+//! Why not `HashMap`: entries are checked against the block records (8-byte slots), stale
+//! entries cost nothing until a rebuild, and nothing iterates the table except checks and
+//! rebuilds; a lookup's answer (the one live slot of its key) does not depend on where slots
+//! lie, so the table's order never reaches a result.
 
 /// An empty slot.
 const EMPTY: u64 = 0;
+
+/// The smallest table: eight cache lines.
+pub const MIN_SLOTS: usize = 64;
 
 fn tag(key: u64) -> u32 {
     (key >> 32) as u32
@@ -50,7 +50,7 @@ fn block(s: u64) -> u32 {
     (s as u32).wrapping_sub(1)
 }
 
-/// Registered hash -> block id (see the module doc).
+/// Segment start hash -> block id (see the module doc).
 #[derive(Debug)]
 pub struct BlockIndex {
     /// `tag << 32 | block + 1`.
@@ -59,20 +59,29 @@ pub struct BlockIndex {
     full: usize,
     /// Most full slots before a rebuild (3/4 of the slots).
     max_full: usize,
-    /// Most live slots (one per block of the pool).
+    /// Most live slots (one per block of the pool), and the largest table.
     max_live: usize,
+    max_slots: usize,
 }
 
 impl BlockIndex {
     /// An index for at most `max` live entries, of blocks below `u32::MAX`.
     pub fn new(max: usize) -> BlockIndex {
-        let slots = 2 * max + 1;
+        let max_slots = 2 * max + 1;
+        let slots = MIN_SLOTS.min(max_slots);
         BlockIndex {
             slots: vec![EMPTY; slots],
             full: 0,
             max_full: slots * 3 / 4,
             max_live: max,
+            max_slots,
         }
+    }
+
+    /// Slots of the table.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.slots.len()
     }
 
     /// Full slots, live or stale.
@@ -142,32 +151,33 @@ impl BlockIndex {
         self.full >= self.max_full
     }
 
-    /// Empties the table and maps each `(key, block)` of `live` (the registered blocks, each
-    /// key once): the stale slots are gone.
-    pub fn rebuild(&mut self, live: impl IntoIterator<Item = (u64, u32)>) {
-        self.slots.fill(EMPTY);
+    /// Keeps the live slots (`hash_of(b)` is block `b`'s registered hash), in a table four
+    /// times their number (within the bounds of the module doc), if the table is full.
+    pub fn make_room(&mut self, hash_of: impl Fn(u32) -> Option<u64>) {
+        if !self.is_full() {
+            return;
+        }
+        let live: Vec<u64> = (self.slots.iter().copied())
+            .filter(|&s| s != EMPTY && hash_of(block(s)).map(tag) == Some(tag(s)))
+            .collect();
+        assert!(
+            live.len() <= self.max_live,
+            "block index over its {} live entries",
+            self.max_live
+        );
+        let len = (4 * live.len()).max(MIN_SLOTS).min(self.max_slots);
+        self.slots.clear();
+        self.slots.resize(len, EMPTY);
+        self.max_full = len * 3 / 4;
         self.full = 0;
-        for (key, b) in live {
-            assert!(
-                self.full < self.max_live,
-                "block index over its {} live entries",
-                self.max_live
-            );
-            let t = tag(key);
-            let mut i = self.home(t);
+        for s in live {
+            let mut i = self.home(tag(s));
             while self.slots[i] != EMPTY {
                 i = self.next(i);
             }
-            self.slots[i] = slot(t, b);
+            self.slots[i] = s;
             self.full += 1;
         }
-    }
-
-    /// Asks the processor to bring `key`'s home slot into the cache (a hint:
-    /// [`crate::sim::prefetch`]).
-    #[inline]
-    pub fn prefetch(&self, key: u64) {
-        prefetch::value(&self.slots[self.home(tag(key))]);
     }
 
     /// Every full slot's `(tag, block)`, live or stale, in no meaningful order (for checks).
@@ -208,9 +218,9 @@ mod tests {
                 model.remove(&old);
             } else {
                 if index.is_full() {
-                    index.rebuild(holds.iter().map(|(&b, &k)| (k, b)));
                     rebuilds += 1;
                 }
+                index.make_room(|x| holds.get(&x).copied());
                 let fresh = !model.contains_key(&k);
                 let inserted = index.insert_new(k, b, |x| holds.get(&x).copied());
                 assert_eq!(inserted, fresh, "round {round}");
@@ -229,13 +239,43 @@ mod tests {
             assert!(index.full_slots() <= index.max_full, "round {round}");
         }
         assert!(rebuilds > 10, "only {rebuilds} rebuilds");
-        index.rebuild(holds.iter().map(|(&b, &k)| (k, b)));
+        index.max_full = 0;
+        index.make_room(|x| holds.get(&x).copied());
+        assert!(index.len() >= MIN_SLOTS && index.len() <= 2 * BLOCKS as usize + 1);
         let mut all: Vec<(u32, u32)> = index.iter().collect();
         all.sort();
         let mut want: Vec<(u32, u32)> =
             model.iter().map(|(&k, &b)| ((k >> 32) as u32, b)).collect();
         want.sort();
         assert_eq!(all, want, "after a rebuild, only the live slots are left");
+    }
+
+    #[test]
+    fn the_table_starts_small_grows_with_its_live_entries_and_shrinks_back() {
+        let mut index = BlockIndex::new(10_000);
+        assert_eq!(index.len(), MIN_SLOTS);
+        let mut holds: HashMap<u32, u64> = HashMap::new();
+        for b in 0..5_000u32 {
+            index.make_room(|x| holds.get(&x).copied());
+            let k = mix64(u64::from(b));
+            assert!(index.insert_new(k, b, |x| holds.get(&x).copied()));
+            holds.insert(b, k);
+        }
+        assert!(index.len() >= 4 * 5_000 / 3, "{} slots", index.len());
+        for b in 0..5_000u32 {
+            assert_eq!(
+                index.get(mix64(u64::from(b)), |x| holds.get(&x).copied()),
+                Some(b)
+            );
+        }
+        // All evicted but ten: the next rebuild sizes the table for those.
+        holds.retain(|&b, _| b < 10);
+        index.max_full = 0;
+        index.make_room(|x| holds.get(&x).copied());
+        assert_eq!(index.len(), MIN_SLOTS);
+        assert_eq!(index.full_slots(), 10);
+        // A pool smaller than the smallest table has a table for the whole pool.
+        assert_eq!(BlockIndex::new(3).len(), 7);
     }
 
     #[test]

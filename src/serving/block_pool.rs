@@ -10,12 +10,27 @@
 //! blocks of a prompt are the ones other prompts are most likely to share.
 //!
 //! Every operation is O(1) per block: the free queue is an intrusive doubly linked list over
-//! block indices, and the hash index is a table keyed by the (already mixed) block hash
-//! ([`BlockIndex`]; an eviction only clears the block's record, leaving a stale slot, and the
-//! pool rebuilds the index from its records when stale slots fill it). Operations on a run of
-//! blocks ask for what they touch a few blocks ahead (a lookup the index slots, a registration
-//! the slots and the records, a release the records), so that the cache misses of a cold pool
-//! overlap.
+//! block indices. Releases and registrations ask for the block records they will touch a few
+//! blocks ahead, so that the cache misses of a cold pool overlap.
+//!
+//! **Chains, not one index entry per block.** Hashes are chained (a block's hash names its
+//! whole prefix), and a prompt registers its blocks in order, so a registered block keeps a
+//! link (`next`) to the block registered after it by the same sequence; only a block that
+//! cannot be linked (the first of a prompt, the first after a block another sequence holds
+//! the hash of, or one whose predecessor already links elsewhere) gets an entry in the hash
+//! index ([`BlockIndex`]), which is therefore small (a few entries per prompt) and stays in
+//! the cache. The registered block of a chain's `i`-th hash is the link of the registered
+//! block of its `i-1`-th hash, if that link holds the hash, or else the index's entry
+//! ([`BlockPool::find`]). Why the link is always there when it must be: a link `P -> B` is
+//! made only when the registering sequence holds `P`, and every later holder of `B` took it
+//! as a hit through `P`; so whoever holds `B` holds `P`, a sequence releases its last blocks
+//! first, and `B` is always evicted before `P`. While `B` is registered, `P` is, and `P`'s
+//! link is not moved (a link is only replaced when its block is no longer registered). An
+//! eviction only clears the block's record: its index slot goes stale (see [`BlockIndex`]),
+//! its predecessor's link points at a block that no longer holds the hash, and both are
+//! skipped by every lookup, which checks a candidate block's record against the hash it
+//! wants. The pool's differential test checks every answer against a pool with a map of
+//! every registered hash.
 //!
 //! **Memory and speed.** A pool starts with every block free and untouched, in id order at the
 //! head of the queue; nothing is ever queued ahead of an untouched block (released blocks join
@@ -31,8 +46,7 @@ use super::block_index::BlockIndex;
 use crate::metrics::PoolStats;
 use crate::sim::prefetch;
 
-/// How many blocks ahead a run of operations asks for the index slots and block records it
-/// will touch.
+/// How many blocks ahead a run of operations asks for the block records it will touch.
 const AHEAD: usize = 16;
 
 pub type BlockId = u32;
@@ -106,6 +120,9 @@ impl Block {
 pub struct BlockPool {
     /// The blocks used so far, by id (with caching on; without, blocks have no record).
     blocks: Vec<Block>,
+    /// Each used block's link: the block registered after it in its chain (`NIL`: none),
+    /// meaningful while both are registered (see the module doc).
+    next: Vec<BlockId>,
     /// Blocks allocated at least once: ids from `touched` to `num_blocks` are untouched.
     touched: u32,
     num_blocks: u32,
@@ -129,6 +146,11 @@ impl BlockPool {
         BlockPool {
             // Reserved, not written: the system maps the pages that allocations touch.
             blocks: if caching {
+                Vec::with_capacity(num_blocks as usize)
+            } else {
+                Vec::new()
+            },
+            next: if caching {
                 Vec::with_capacity(num_blocks as usize)
             } else {
                 Vec::new()
@@ -170,21 +192,51 @@ impl BlockPool {
         self.num_blocks - self.touched
     }
 
-    /// The longest run of leading `hashes` that are registered, and how many of those are free.
+    /// The block registered under `h`, given `prev`, the block registered under the hash
+    /// before `h` in its chain (`None` at a chain's start, or if no block holds it): `prev`'s
+    /// link, if that holds `h`, or else the index's entry (see the module doc).
+    #[inline]
+    fn find(&self, prev: Option<BlockId>, h: u64) -> Option<BlockId> {
+        if let Some(p) = prev {
+            let t = self.next[p as usize];
+            if t != NIL && self.holds(t, h) {
+                return Some(t);
+            }
+        }
+        self.index.get(h, |b| self.hash_of(b))
+    }
+
+    /// Whether block `b` is registered under `h`.
+    #[inline]
+    fn holds(&self, b: BlockId, h: u64) -> bool {
+        self.blocks[b as usize].hash() == Some(h)
+    }
+
+    /// Asks for the records around block `b`: a chain's blocks mostly have neighbouring ids
+    /// (runs of the free queue, or untouched blocks), in either order.
+    #[inline]
+    fn prefetch_around(&self, b: BlockId) {
+        let ahead = AHEAD as u32;
+        self.prefetch_record(b.wrapping_add(ahead));
+        self.prefetch_record(b.wrapping_sub(ahead));
+    }
+
+    /// The longest run of leading `hashes` (a prompt's chain, from its first block) that are
+    /// registered, and how many of those are free.
     pub fn longest_cached_prefix(&self, hashes: &[u64]) -> (u32, u32) {
         if !self.caching {
             return (0, 0);
         }
         let mut hits = 0;
         let mut free = 0;
-        for (i, &h) in hashes.iter().enumerate() {
-            if let Some(&ahead) = hashes.get(i + AHEAD) {
-                self.index.prefetch(ahead);
-            }
-            match self.index.get(h, |b| self.hash_of(b)) {
+        let mut prev = None;
+        for &h in hashes {
+            match self.find(prev, h) {
                 Some(b) => {
+                    self.prefetch_around(b);
                     hits += 1;
                     free += !self.blocks[b as usize].used() as u32;
+                    prev = Some(b);
                 }
                 None => break,
             }
@@ -192,19 +244,20 @@ impl BlockPool {
         (hits, free)
     }
 
-    /// Takes a reference on the blocks registered under `hashes` (all must be registered) and
-    /// appends them to `out`.
+    /// Takes a reference on the blocks registered under `hashes` (a prompt's chain from its
+    /// first block; all must be registered) and appends them to `out`.
     pub fn take_cached(&mut self, hashes: &[u64], out: &mut Vec<BlockId>) {
+        let mut prev = None;
         for &h in hashes {
             let b = self
-                .index
-                .get(h, |b| self.hash_of(b))
+                .find(prev, h)
                 .expect("take_cached takes registered blocks");
             if !self.blocks[b as usize].used() {
                 self.unlink(b);
             }
             self.blocks[b as usize].word += 1;
             out.push(b);
+            prev = Some(b);
         }
         self.stats.hit_blocks += hashes.len() as u64;
     }
@@ -229,11 +282,12 @@ impl BlockPool {
         let fresh = n.min(self.untouched());
         let first = self.touched;
         self.blocks.extend((0..fresh).map(|_| Block::ALLOCATED));
+        self.next.extend((0..fresh).map(|_| NIL));
         self.touched += fresh;
         out.extend(first..first + fresh);
         self.free -= fresh;
         // Then the head of the linked queue. Evicting a block drops its hash from its record
-        // only: the index slot that named it is stale from now on (see [`BlockIndex`]).
+        // only: the index slot or the link that named it is stale from now on.
         for _ in fresh..n {
             let b = self.head;
             self.unlink(b);
@@ -271,39 +325,65 @@ impl BlockPool {
         }
     }
 
-    /// Registers a full block under `hash` once its KV is computed. If another block already
-    /// holds the same prefix, the index keeps that one (both hold identical KV).
-    pub fn register(&mut self, b: BlockId, hash: u64) {
-        if !self.caching || self.blocks[b as usize].registered() {
-            return;
-        }
-        let blocks = &self.blocks;
-        if self.index.is_full() {
-            let live = blocks.iter().enumerate();
-            self.index
-                .rebuild(live.filter_map(|(x, r)| r.hash().map(|h| (h, x as u32))));
-        }
-        if self
-            .index
-            .insert_new(hash, b, |x| blocks[x as usize].hash())
-        {
-            self.blocks[b as usize].set_registered(Some(hash));
-        }
-    }
-
-    /// Registers `blocks[i]` under `hashes[i]` for every `i`, as [`BlockPool::register`].
-    pub fn register_all(&mut self, blocks: &[BlockId], hashes: &[u64]) {
+    /// Registers `blocks[i]` under `hashes[i]` for every `i` from `from` on, once their KV is
+    /// computed; `blocks` and `hashes` are a sequence's blocks and its prompt's chain, from its
+    /// first block. A block whose hash another block holds already stays unregistered (the
+    /// index keeps that one: both hold identical KV).
+    pub fn register_all(&mut self, blocks: &[BlockId], hashes: &[u64], from: usize) {
         debug_assert_eq!(blocks.len(), hashes.len());
         if !self.caching {
             return;
         }
-        for (i, (&b, &h)) in blocks.iter().zip(hashes).enumerate() {
-            if let Some(&ahead) = hashes.get(i + AHEAD) {
-                self.index.prefetch(ahead);
-                self.prefetch_record(blocks[i + AHEAD]);
+        // The block registered under the hash before each one.
+        let mut prev = self.owner_before(blocks, hashes, from);
+        for i in from..blocks.len() {
+            if let Some(&ahead) = blocks.get(i + AHEAD) {
+                self.prefetch_record(ahead);
             }
-            self.register(b, h);
+            let (b, h) = (blocks[i], hashes[i]);
+            if self.blocks[b as usize].registered() {
+                // Taken as a hit, or registered by an earlier call.
+                debug_assert!(self.holds(b, h), "block {b} holds another hash");
+                prev = Some(b);
+                continue;
+            }
+            if let Some(x) = self.find(prev, h) {
+                prev = Some(x);
+                continue;
+            }
+            // Linked from this sequence's previous block if that is registered (so this
+            // sequence holds it) and links nowhere registered; indexed otherwise.
+            let link = (i > 0 && prev == Some(blocks[i - 1])).then(|| blocks[i - 1]);
+            let linked = link.is_some_and(|p| {
+                let t = self.next[p as usize];
+                t == NIL || !self.blocks[t as usize].registered()
+            });
+            if let (true, Some(p)) = (linked, link) {
+                self.next[p as usize] = b;
+            } else {
+                let records = &self.blocks;
+                self.index.make_room(|x| records[x as usize].hash());
+                let new = self.index.insert_new(h, b, |x| records[x as usize].hash());
+                debug_assert!(new, "hash {h:#x} held by a block find missed");
+            }
+            self.blocks[b as usize].set_registered(Some(h));
+            self.next[b as usize] = NIL;
+            prev = Some(b);
         }
+    }
+
+    /// The block registered under `hashes[from - 1]` (`None` if `from` is 0 or no block holds
+    /// it): the sequence's own block there, or else the one a walk of the chain finds.
+    fn owner_before(&self, blocks: &[BlockId], hashes: &[u64], from: usize) -> Option<BlockId> {
+        let j = from.checked_sub(1)?;
+        if self.holds(blocks[j], hashes[j]) {
+            return Some(blocks[j]);
+        }
+        // The registered block of each hash follows from that of the one before (the module
+        // doc); a hash no block holds leaves only the index for the next.
+        hashes[..from]
+            .iter()
+            .fold(None, |prev, &h| self.find(prev, h))
     }
 
     /// Asks for block `b`'s record (a cache hint; nothing if it has none yet).
@@ -399,25 +479,46 @@ impl BlockPool {
             ));
         }
         // Every slot names a block that was allocated, and live slots (whose block holds a
-        // hash with the slot's tag) name distinct blocks; every registered block is found
-        // under its hash.
-        let mut named = vec![false; self.blocks.len()];
+        // hash with the slot's tag) name distinct blocks; no hash is held by two blocks, and
+        // every registered block is indexed or linked from a registered block.
+        if self.next.len() != self.blocks.len() {
+            return Err("a block has no link".into());
+        }
+        let mut reached = vec![false; self.blocks.len()];
         for (tag, b) in self.index.iter() {
             let Some(block) = self.blocks.get(b as usize) else {
                 return Err(format!("the index names block {b}, never allocated"));
             };
             if block.hash().map(|h| (h >> 32) as u32) == Some(tag)
-                && std::mem::replace(&mut named[b as usize], true)
+                && std::mem::replace(&mut reached[b as usize], true)
             {
                 return Err(format!("the index names block {b} twice"));
             }
         }
+        let mut held = std::collections::HashMap::new();
+        for (b, block) in self.blocks.iter().enumerate() {
+            let Some(h) = block.hash() else { continue };
+            if let Some(other) = held.insert(h, b) {
+                return Err(format!(
+                    "blocks {other} and {b} are both registered under {h:#x}"
+                ));
+            }
+            let t = self.next[b];
+            if t != NIL {
+                let Some(target) = self.blocks.get(t as usize) else {
+                    return Err(format!("block {b} links to block {t}, never allocated"));
+                };
+                if target.registered() {
+                    reached[t as usize] = true;
+                }
+            }
+        }
         for (b, block) in self.blocks.iter().enumerate() {
             if let Some(h) = block.hash()
-                && self.index.get(h, |x| self.hash_of(x)) != Some(b as u32)
+                && !reached[b]
             {
                 return Err(format!(
-                    "block {b} is registered under {h:#x}, not found there"
+                    "block {b} is registered under {h:#x}, neither indexed nor linked"
                 ));
             }
         }
@@ -427,7 +528,11 @@ impl BlockPool {
     /// Without caching: the stack holds distinct touched blocks, and with the untouched ones
     /// as many as the free counter says. (The instance checks that held blocks are distinct.)
     fn check_stack(&self) -> Result<(), String> {
-        if self.head != NIL || !self.blocks.is_empty() || self.index.full_slots() != 0 {
+        if self.head != NIL
+            || !self.blocks.is_empty()
+            || !self.next.is_empty()
+            || self.index.full_slots() != 0
+        {
             return Err("a pool without caching keeps block records".into());
         }
         let mut seen = vec![false; self.touched as usize];
@@ -458,15 +563,13 @@ mod tests {
         let mut pool = BlockPool::new(4, true);
         let mut a = Vec::new();
         assert!(pool.allocate(2, &mut a));
-        pool.register(a[0], 10);
-        pool.register(a[1], 11);
+        pool.register_all(&a, &[10, 11], 0);
         pool.release(&a);
         assert_eq!(pool.longest_cached_prefix(&[10, 11, 12]), (2, 2));
 
         let mut b = Vec::new();
         assert!(pool.allocate(2, &mut b));
-        pool.register(b[0], 20);
-        pool.register(b[1], 21);
+        pool.register_all(&b, &[20, 21], 0);
         pool.release(&b);
         // Free queue, LRU first: [a1, a0, b1, b0] (each sequence releases last block first).
         let mut c = Vec::new();
@@ -483,9 +586,7 @@ mod tests {
         let mut pool = BlockPool::new(3, true);
         let mut a = Vec::new();
         assert!(pool.allocate(3, &mut a));
-        for (i, &b) in a.iter().enumerate() {
-            pool.register(b, 100 + i as u64);
-        }
+        pool.register_all(&a, &[100, 101, 102], 0);
         pool.release(&a);
         let mut held = Vec::new();
         pool.take_cached(&[100], &mut held);
@@ -508,7 +609,7 @@ mod tests {
         assert!(!pool.allocate(2, &mut a));
         assert_eq!(a.len(), 3);
         assert_eq!(pool.free_blocks(), 1);
-        pool.register(a[0], 1);
+        pool.register_all(&a[..1], &[1], 0);
         assert_eq!(pool.cached_blocks(), 0, "caching off registers nothing");
         pool.release(&a);
         assert_eq!(pool.free_blocks(), 4);
@@ -559,7 +660,7 @@ mod tests {
         let mut pool = BlockPool::new(2, true);
         let mut a = Vec::new();
         assert!(pool.allocate(1, &mut a));
-        pool.register(a[0], 7);
+        pool.register_all(&a, &[7], 0);
         let mut b = Vec::new();
         pool.take_cached(&[7], &mut b);
         pool.release(&a);
@@ -716,7 +817,7 @@ mod tests {
                         let (hashes, blocks, done) = &mut running[i];
                         let upto =
                             *done + rng.range_inclusive(0, (hashes.len() - *done) as u64) as usize;
-                        pool.register_all(&blocks[*done..upto], &hashes[*done..upto]);
+                        pool.register_all(&blocks[..upto], &hashes[..upto], *done);
                         for j in *done..upto {
                             model.register(blocks[j], hashes[j]);
                         }

@@ -632,9 +632,12 @@ impl Instance {
             if keep && seq.registered < filled {
                 let full = filled.min(seq.hashes.len() as u32);
                 if seq.registered < full {
-                    let run = seq.registered as usize..full as usize;
-                    self.pool
-                        .register_all(&seq.blocks[run.clone()], &seq.hashes[run]);
+                    let full = full as usize;
+                    self.pool.register_all(
+                        &seq.blocks[..full],
+                        &seq.hashes[..full],
+                        seq.registered as usize,
+                    );
                 }
                 seq.registered = seq.registered.max(full);
             }
