@@ -353,12 +353,11 @@ impl BlockPool {
             }
             // Linked from this sequence's previous block if that is registered (so this
             // sequence holds it) and links nowhere registered; indexed otherwise.
-            let link = (i > 0 && prev == Some(blocks[i - 1])).then(|| blocks[i - 1]);
-            let linked = link.is_some_and(|p| {
+            let link = i.checked_sub(1).map(|j| blocks[j]).filter(|&p| {
                 let t = self.next[p as usize];
-                t == NIL || !self.blocks[t as usize].registered()
+                prev == Some(p) && (t == NIL || !self.blocks[t as usize].registered())
             });
-            if let (true, Some(p)) = (linked, link) {
+            if let Some(p) = link {
                 self.next[p as usize] = b;
             } else {
                 let records = &self.blocks;
