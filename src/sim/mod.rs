@@ -7,4 +7,4 @@ mod parallel;
 pub mod prefetch;
 pub mod progress;
 
-pub use parallel::parallel_map;
+pub use parallel::{parallel_map, parallel_map_in};
