@@ -290,9 +290,6 @@ impl BlockPool {
         // only: the index slot or the link that named it is stale from now on.
         for _ in fresh..n {
             let b = self.head;
-            // The queue's blocks often come in runs of neighbouring ids (a sequence's blocks,
-            // released last first), so the records of the next heads may lie around this one.
-            self.prefetch_around(b);
             self.unlink(b);
             let block = &mut self.blocks[b as usize];
             if block.registered() {
