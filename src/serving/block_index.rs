@@ -1,12 +1,13 @@
-//! The hash index of a block pool: hash of a chain segment's first block -> block id.
+//! The hash index of a block pool: hash of a segment's first block -> segment.
 //!
-//! The pool links the blocks of a chain (see [`crate::serving::block_pool`]): a registered
-//! block names the block registered after it in the same prompt, so only the first block of
-//! each linked run (a *segment start*) needs an entry here. That is one entry or a few per
-//! prompt instead of one per block (a SQuAD prompt is 258 blocks), so the table is small and
-//! stays in the cache, where a table with an entry per block (twice the pool's blocks, a few
-//! hundred KiB) cost a cache miss per registered block at cluster scale.
-//!
+//! The pool keeps registered blocks in segments (see [`crate::serving::block_pool`]): runs of
+//! blocks at consecutive chain positions, found from their first hash, so only that hash
+//! needs an entry here. That is one entry or a few per prompt instead of one per block (a
+//! SQuAD prompt is 258 blocks), so the table is small and stays in the cache, where a table
+//! with an entry per block (twice the pool's blocks, a few hundred KiB) cost a cache miss per
+//! registered block at cluster scale. Below, a *block* is what an entry names: for the pool,
+//! a segment's slot.
+
 //! An open-addressing table with linear probing: a key's home slot is given by its top 32
 //! bits (keys are already well-mixed 64-bit block hashes, see [`crate::hash`]), and a lookup
 //! walks from there to the key or to an empty slot.
@@ -16,9 +17,8 @@
 //! record, so every operation asks the pool for a block's registered hash (`hash_of`), and a
 //! slot is *live* when its block is registered under a hash with the slot's tag.
 //!
-//! **Evictions do not touch the table.** The pool drops a block's hash by clearing it in the
-//! block's record; the slot that named it becomes *stale* and is skipped by lookups (its block
-//! no longer holds the key). When full slots reach 3/4 of the table, [`BlockIndex::make_room`]
+//! **Evictions do not touch the table.** When a segment loses its last block, the slot that
+//! named it becomes *stale* and is skipped by lookups (the segment no longer holds the key). When full slots reach 3/4 of the table, [`BlockIndex::make_room`]
 //! keeps the live slots and sizes the table to four times their number (at least
 //! [`MIN_SLOTS`], at most `2 * max + 1` for a pool of `max` blocks, which holds every block
 //! with room to spare): a rebuild comes after at least as many insertions as the entries it
@@ -180,7 +180,8 @@ impl BlockIndex {
         }
     }
 
-    /// Every full slot's `(tag, block)`, live or stale, in no meaningful order (for checks).
+    /// Every full slot's `(tag, block)`, live or stale, in no meaningful order (for tests).
+    #[cfg(test)]
     pub fn iter(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
         self.slots
             .iter()

@@ -1,116 +1,172 @@
 //! The KV-cache block pool of a serving instance, with vLLM's automatic prefix caching.
 //!
 //! The instance's KV memory is cut into fixed blocks of `block_size` tokens. A block is either
-//! *in use* (reference count > 0: running sequences hold it) or *free*. Free blocks sit in one
-//! queue, least recently used at the head. With caching on, a full prompt block is *registered*
-//! under its chained hash once its KV is computed; when it becomes free it keeps its hash and
-//! stays findable until it is reused for something else. Allocation pops the head of the free
-//! queue and, if that block was registered, *evicts* it (drops its hash). A sequence releases
-//! its blocks in reverse order, so its last blocks sit nearer the head and go first: the early
-//! blocks of a prompt are the ones other prompts are most likely to share.
+//! *in use* (running sequences hold it) or *free*. Free blocks sit in one queue, least recently
+//! used at the head. With caching on, a full prompt block is *registered* under its chained
+//! hash once its KV is computed; when it becomes free it keeps its hash and stays findable
+//! until it is reused for something else. Allocation pops the head of the free queue and, if
+//! that block was registered, *evicts* it (drops its hash). A sequence releases its blocks in
+//! reverse order, so its last blocks sit nearer the head and go first: the early blocks of a
+//! prompt are the ones other prompts are most likely to share. That is the whole behaviour;
+//! the test module holds it written the obvious way (a queue of blocks and a map of hashes),
+//! and a differential test checks every answer of this pool against it.
 //!
-//! Every operation is O(1) per block: the free queue is an intrusive doubly linked list over
-//! block indices. Releases and registrations ask for the block records they will touch a few
-//! blocks ahead, so that the cache misses of a cold pool overlap.
+//! **Segments, not blocks.** A SQuAD prompt is 258 blocks, and a pool that keeps a record per
+//! block touches each of them at every step of a request (lookup, hit, allocation,
+//! registration, release): at cluster scale, where the pools of 2,240 GPUs do not fit in the
+//! caches, that was a cache miss per block and step, and most of a run. This pool keeps
+//! registered blocks in *segments* instead, and does its work per segment:
 //!
-//! **Chains, not one index entry per block.** Hashes are chained (a block's hash names its
-//! whole prefix), and a prompt registers its blocks in order, so a registered block keeps a
-//! link (`next`) to the block registered after it by the same sequence; only a block that
-//! cannot be linked (the first of a prompt, the first after a block another sequence holds
-//! the hash of, or one whose predecessor already links elsewhere) gets an entry in the hash
-//! index ([`BlockIndex`]), which is therefore small (a few entries per prompt) and stays in
-//! the cache. The registered block of a chain's `i`-th hash is the link of the registered
-//! block of its `i-1`-th hash, if that link holds the hash, or else the index's entry
-//! ([`BlockPool::find`]). Why the link is always there when it must be: a link `P -> B` is
-//! made only when the registering sequence holds `P`, and every later holder of `B` took it
-//! as a hit through `P`; so whoever holds `B` holds `P`, a sequence releases its last blocks
-//! first, and `B` is always evicted before `P`. While `B` is registered, `P` is, and `P`'s
-//! link is not moved (a link is only replaced when its block is no longer registered). An
-//! eviction only clears the block's record: its index slot goes stale (see [`BlockIndex`]),
-//! its predecessor's link points at a block that no longer holds the hash, and both are
-//! skipped by every lookup, which checks a candidate block's record against the hash it
-//! wants. The pool's differential test checks every answer against a pool with a map of
-//! every registered hash.
+//! - A segment is a run of registered blocks at consecutive chain positions, registered by
+//!   sequences that each held the whole run before them: its hashes and block ids, in
+//!   position order, in two arrays. A prompt registers its blocks in order, so its new blocks
+//!   extend the segment it holds the end of, or start a new one (after a block whose hash
+//!   another block held, or where a held segment goes on with other hashes). Only a
+//!   segment's first hash is in the hash index ([`BlockIndex`], a few entries per prompt).
+//! - **Every holder of a segment holds a prefix of it.** A lookup walks a prompt's chain
+//!   segment by segment: it enters a segment at its start (the index), and leaves it where
+//!   the hashes part (a hash names its whole prefix, so one comparison at the far end, or a
+//!   binary search, finds that place) or the segment ends. So a segment's reference counts
+//!   never grow with position, and the segment only needs its holders' prefix lengths
+//!   (`holders`); its free blocks are the positions from the longest of them on.
+//! - **The free queue holds runs.** Blocks reaching no reference in one release are appended
+//!   as runs: the newly free positions of each segment the sequence held (highest first, as
+//!   the release order has it) and its own unregistered blocks (ids in queue order). Within a
+//!   segment, queued runs hold decreasing positions: the highest free positions are nearest
+//!   the head. So an eviction takes a segment's last positions (the arrays shrink), and a hit
+//!   takes the lowest free ones (the runs queued last shrink from their low end): both touch
+//!   one run or a few, not a block each.
 //!
-//! **Memory and speed.** A pool starts with every block free and untouched, in id order at the
-//! head of the queue; nothing is ever queued ahead of an untouched block (released blocks join
-//! the tail, and only registered blocks, which were touched, leave from the middle). So the
-//! untouched blocks are kept implicitly, as the ids from `blocks.len()` up to `num_blocks`,
-//! and a block's record is made when it is first allocated: a pool costs memory for the
-//! blocks it has used, not for the whole KV memory of its GPU (a cluster of 2,240 GPUs has 26 M
-//! blocks). Without caching, no block carries a hash or is shared, so which free block an
-//! allocation gets changes nothing that can be observed: free blocks then sit on a stack (the
-//! most recently released taken first), and blocks keep no record at all.
+//! Block ids are still real: a sequence's [`Blocks`] list them in prompt order (the backend of
+//! a live run reads and writes KV by them), and they are the ones the obvious pool hands out.
+//! Per block, what is left is copying ids and hashes into arrays, which streams.
+//!
+//! **Memory.** A pool starts with every block free and untouched, in id order at the head of
+//! the queue; nothing is ever queued ahead of an untouched block, so they are kept implicitly
+//! (ids from `touched` to `num_blocks`), and a pool costs memory for what it registered (12
+//! bytes a registered block) and its runs, not for the KV memory of its GPU (a cluster of
+//! 2,240 GPUs has 26 M blocks). Without caching, no block carries a hash or is shared, so
+//! which free block an allocation gets changes nothing that can be observed: free blocks then
+//! sit on a stack (the most recently released taken first).
+
+use std::ops::Deref;
 
 use super::block_index::BlockIndex;
 use crate::metrics::PoolStats;
-use crate::sim::prefetch;
-
-/// How many blocks ahead a run of operations asks for the block records it will touch.
-const AHEAD: usize = 16;
 
 pub type BlockId = u32;
-/// The bits of `Block::link` that hold a block id; all ones is no block.
-const ID: u32 = (1 << 30) - 1;
-const NIL: u32 = ID;
-/// `Block::link`: the block is in use (`word` counts its references).
-const USED: u32 = 1 << 31;
-/// `Block::link`: the block is registered under `hash`.
-const REGISTERED: u32 = 1 << 30;
+/// No run, segment or block.
+const NONE: u32 = u32::MAX;
+/// Most blocks an unused segment slot keeps room for (a SQuAD prompt is 258 blocks).
+const KEEP_BLOCKS: usize = 4096;
+/// Most block ids an unused run keeps room for (a run of a sequence's own blocks is mostly
+/// its last prompt block and its decode blocks).
+const KEEP_IDS: usize = 256;
 
-/// A block's record: 16 bytes, four to a cache line. A free block needs its queue links and no
-/// reference count, a block in use the count and no links, so one word serves both; block ids
-/// fit in 30 bits (instances have at most 2^24 blocks, see
-/// [`crate::serving::scenario::MAX_BLOCKS_PER_INSTANCE`]), which leaves two flag bits.
-#[derive(Clone, Copy, Debug)]
-struct Block {
-    /// Registered hash, if `REGISTERED`.
-    hash: u64,
-    /// In use: its references. Free: the previous block of the free queue (`NIL` at the head).
-    word: u32,
-    /// The next block of the free queue (`NIL` at the tail and while in use), and the flags.
-    link: u32,
+/// A sequence's KV blocks: their ids in prompt order, and which of them are registered in
+/// segments (the rest are its own, unregistered). Only the pool changes it.
+///
+/// `repr(C)` with the ids first: an iteration reads a sequence's block count, and the
+/// instance keeps that in the sequence's first cache line.
+#[derive(Debug, Default)]
+#[repr(C)]
+pub struct Blocks {
+    ids: Vec<BlockId>,
+    /// In prompt order: `ids[at..at + n]` are positions `0..n` of segment `seg`.
+    pieces: Vec<Piece>,
 }
 
-impl Block {
-    /// A block taken from the untouched ones by an allocation.
-    const ALLOCATED: Block = Block {
-        hash: 0,
-        word: 1,
-        link: USED | NIL,
+#[derive(Clone, Copy, Debug)]
+struct Piece {
+    seg: u32,
+    at: u32,
+    n: u32,
+}
+
+impl Deref for Blocks {
+    type Target = [BlockId];
+    fn deref(&self) -> &[BlockId] {
+        &self.ids
+    }
+}
+
+impl Blocks {
+    pub fn new() -> Blocks {
+        Blocks::default()
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.ids.capacity()
+    }
+
+    /// Room for `n` more block ids, once.
+    pub fn reserve_exact(&mut self, n: usize) {
+        self.ids.reserve_exact(n);
+    }
+
+    /// Where its segment pieces end: blocks from here on are its own and unregistered.
+    fn registered_end(&self) -> usize {
+        self.pieces.last().map_or(0, |p| (p.at + p.n) as usize)
+    }
+}
+
+/// Registered blocks at consecutive chain positions (see the module doc). Positions are
+/// relative to the segment's first block.
+#[derive(Debug)]
+struct Seg {
+    /// Chain position of its first block.
+    start: u32,
+    hashes: Vec<u64>,
+    ids: Vec<BlockId>,
+    /// Its holders' prefix lengths, ascending.
+    holders: Vec<u32>,
+    /// Positions from here on are free: the longest holder's length (0 with none).
+    free_from: u32,
+    /// Its runs in the free queue: the one with its highest positions (nearest the head) and
+    /// the one with its lowest (queued last).
+    top: u32,
+    low: u32,
+}
+
+impl Seg {
+    /// An unused slot.
+    const EMPTY: Seg = Seg {
+        start: 0,
+        hashes: Vec::new(),
+        ids: Vec::new(),
+        holders: Vec::new(),
+        free_from: 0,
+        top: NONE,
+        low: NONE,
     };
 
-    fn hash(&self) -> Option<u64> {
-        self.registered().then_some(self.hash)
+    fn len(&self) -> u32 {
+        self.hashes.len() as u32
     }
+}
 
-    fn registered(&self) -> bool {
-        self.link & REGISTERED != 0
-    }
+/// A run of the free queue: positions `lo..hi` of segment `seg` (queued from `hi - 1` down),
+/// or, with `seg` `NONE`, the unregistered blocks `anon[lo..]` (in queue order).
+#[derive(Debug, Default)]
+struct Run {
+    prev: u32,
+    next: u32,
+    seg: u32,
+    lo: u32,
+    hi: u32,
+    /// Within its segment: the run of the next lower positions (queued after this one), and
+    /// of the next higher.
+    down: u32,
+    up: u32,
+    anon: Vec<BlockId>,
+}
 
-    fn used(&self) -> bool {
-        self.link & USED != 0
-    }
-
-    fn refs(&self) -> u32 {
-        if self.used() { self.word } else { 0 }
-    }
-
-    fn next(&self) -> u32 {
-        self.link & ID
-    }
-
-    fn set_next(&mut self, next: u32) {
-        self.link = (self.link & !ID) | next;
-    }
-
-    fn set_registered(&mut self, hash: Option<u64>) {
-        match hash {
-            Some(h) => {
-                self.hash = h;
-                self.link |= REGISTERED;
-            }
-            None => self.link &= !REGISTERED,
+impl Run {
+    fn blocks(&self) -> u32 {
+        if self.seg == NONE {
+            self.anon.len() as u32 - self.lo
+        } else {
+            self.hi - self.lo
         }
     }
 }
@@ -118,56 +174,56 @@ impl Block {
 /// A fixed pool of KV blocks.
 #[derive(Debug)]
 pub struct BlockPool {
-    /// The blocks used so far, by id (with caching on; without, blocks have no record).
-    blocks: Vec<Block>,
-    /// Each used block's link: the block registered after it in its chain (`NIL`: none),
-    /// meaningful while both are registered (see the module doc).
-    next: Vec<BlockId>,
     /// Blocks allocated at least once: ids from `touched` to `num_blocks` are untouched.
     touched: u32,
     num_blocks: u32,
-    /// The free queue's touched blocks (behind the untouched ones), with caching on.
+    free: u32,
+    caching: bool,
+    /// With caching: segments and runs (slabs, with lists of their unused slots), the free
+    /// queue's touched runs (behind the untouched blocks), and segment start hash -> segment.
+    segs: Vec<Seg>,
+    unused_segs: Vec<u32>,
+    runs: Vec<Run>,
+    unused_runs: Vec<u32>,
     head: u32,
     tail: u32,
-    /// Free touched blocks, most recently released last, with caching off.
-    stack: Vec<BlockId>,
-    free: u32,
     index: BlockIndex,
-    caching: bool,
+    /// Live segments by the chain position of their first block: a hash at a position no
+    /// segment starts at is not in the index, and registration asks the index only where
+    /// one does (a prompt's blocks are registered in a row, so this is read in a row).
+    starts: Vec<u32>,
+    /// Without caching: free touched blocks, most recently released last.
+    stack: Vec<BlockId>,
     pub stats: PoolStats,
 }
 
 impl BlockPool {
     pub fn new(num_blocks: u32, caching: bool) -> BlockPool {
         assert!(
-            num_blocks > 0 && num_blocks < NIL,
+            num_blocks > 0 && num_blocks < NONE,
             "block count out of range"
         );
         BlockPool {
-            // Reserved, not written: the system maps the pages that allocations touch.
-            blocks: if caching {
-                Vec::with_capacity(num_blocks as usize)
-            } else {
-                Vec::new()
-            },
-            next: if caching {
-                Vec::with_capacity(num_blocks as usize)
-            } else {
-                Vec::new()
-            },
             touched: 0,
             num_blocks,
-            head: NIL,
-            tail: NIL,
-            // Reserved, not written, as `blocks`: the stack never grows by copying.
+            free: num_blocks,
+            caching,
+            segs: Vec::new(),
+            unused_segs: Vec::new(),
+            runs: Vec::new(),
+            unused_runs: Vec::new(),
+            head: NONE,
+            tail: NONE,
+            // At most one live entry a segment, and a segment has at least one block.
+            index: BlockIndex::new(if caching { num_blocks as usize } else { 0 }),
+            starts: Vec::new(),
+            // Reserved, not written: the system maps the pages that releases touch, and the
+            // stack never grows by copying.
             stack: if caching {
                 Vec::new()
             } else {
                 Vec::with_capacity(num_blocks as usize)
             },
-            free: num_blocks,
-            index: BlockIndex::new(if caching { num_blocks as usize } else { 0 }),
-            caching,
             stats: PoolStats::default(),
         }
     }
@@ -184,7 +240,13 @@ impl BlockPool {
     /// Number of registered blocks (in use or free).
     #[cfg(test)]
     pub fn cached_blocks(&self) -> usize {
-        self.blocks.iter().filter(|b| b.registered()).count()
+        self.live_segs().map(|(_, s)| s.hashes.len()).sum()
+    }
+
+    fn live_segs(&self) -> impl Iterator<Item = (u32, &Seg)> {
+        (self.segs.iter().enumerate())
+            .filter(|(_, s)| !s.hashes.is_empty())
+            .map(|(i, s)| (i as u32, s))
     }
 
     /// Untouched blocks: the head of the free queue.
@@ -192,33 +254,51 @@ impl BlockPool {
         self.num_blocks - self.touched
     }
 
-    /// The block registered under `h`, given `prev`, the block registered under the hash
-    /// before `h` in its chain (`None` at a chain's start, or if no block holds it): `prev`'s
-    /// link, if that holds `h`, or else the index's entry (see the module doc).
+    /// Segment `s`'s first hash (`None` once it has no block: an index slot naming it is
+    /// stale).
+    fn first_hash(&self, s: u32) -> Option<u64> {
+        self.segs[s as usize].hashes.first().copied()
+    }
+
+    /// The segment that starts with hash `h`.
+    fn starting(&self, h: u64) -> Option<u32> {
+        self.index.get(h, |s| self.first_hash(s))
+    }
+
+    /// The segment that starts with hash `h`, at chain position `at`.
     #[inline]
-    fn find(&self, prev: Option<BlockId>, h: u64) -> Option<BlockId> {
-        if let Some(p) = prev {
-            let t = self.next[p as usize];
-            if t != NIL && self.holds(t, h) {
-                return Some(t);
+    fn starting_at(&self, at: usize, h: u64) -> Option<u32> {
+        if self.starts.get(at).is_some_and(|&n| n > 0) {
+            self.starting(h)
+        } else {
+            None
+        }
+    }
+
+    /// The segment a prompt's chain (`hashes`, from its first block) enters at position `at`
+    /// (the segment that starts with `hashes[at]`), and how many of the hashes from there it
+    /// holds: the hashes part where one differs, and a hash names its whole prefix, so the
+    /// agreeing positions are a prefix (found by one comparison at the far end, or else a
+    /// binary search).
+    fn step(&self, hashes: &[u64], at: usize) -> Option<(u32, u32)> {
+        let s = self.starting_at(at, *hashes.get(at)?)?;
+        let hashes = &hashes[at..];
+        let seg = &self.segs[s as usize];
+        let m = hashes.len().min(seg.hashes.len());
+        if seg.hashes[m - 1] == hashes[m - 1] {
+            return Some((s, m as u32));
+        }
+        // Position 0 agrees and m - 1 does not.
+        let (mut yes, mut no) = (0, m - 1);
+        while no - yes > 1 {
+            let mid = (yes + no) / 2;
+            if seg.hashes[mid] == hashes[mid] {
+                yes = mid;
+            } else {
+                no = mid;
             }
         }
-        self.index.get(h, |b| self.hash_of(b))
-    }
-
-    /// Whether block `b` is registered under `h`.
-    #[inline]
-    fn holds(&self, b: BlockId, h: u64) -> bool {
-        self.blocks[b as usize].hash() == Some(h)
-    }
-
-    /// Asks for the records around block `b`: a chain's blocks mostly have neighbouring ids
-    /// (runs of the free queue, or untouched blocks), in either order.
-    #[inline]
-    fn prefetch_around(&self, b: BlockId) {
-        let ahead = AHEAD as u32;
-        self.prefetch_record(b.wrapping_add(ahead));
-        self.prefetch_record(b.wrapping_sub(ahead));
+        Some((s, no as u32))
     }
 
     /// The longest run of leading `hashes` (a prompt's chain, from its first block) that are
@@ -227,47 +307,74 @@ impl BlockPool {
         if !self.caching {
             return (0, 0);
         }
-        let mut hits = 0;
-        let mut free = 0;
-        let mut prev = None;
-        for &h in hashes {
-            match self.find(prev, h) {
-                Some(b) => {
-                    self.prefetch_around(b);
-                    hits += 1;
-                    free += !self.blocks[b as usize].used() as u32;
-                    prev = Some(b);
-                }
-                None => break,
-            }
+        let (mut hits, mut free) = (0, 0);
+        // Bounded: every step moves on by at least one hash.
+        while let Some((s, k)) = self.step(hashes, hits as usize) {
+            hits += k;
+            free += k.saturating_sub(self.segs[s as usize].free_from);
         }
         (hits, free)
     }
 
     /// Takes a reference on the blocks registered under `hashes` (a prompt's chain from its
-    /// first block; all must be registered) and appends them to `out`.
-    pub fn take_cached(&mut self, hashes: &[u64], out: &mut Vec<BlockId>) {
-        let mut prev = None;
-        for &h in hashes {
-            let b = self
-                .find(prev, h)
+    /// first block; all must be registered) and appends them to `blocks`, which must hold
+    /// none yet.
+    pub fn take_cached(&mut self, hashes: &[u64], blocks: &mut Blocks) {
+        assert!(blocks.is_empty(), "hits come first");
+        let mut at = 0;
+        while at < hashes.len() {
+            let (s, k) = self
+                .step(hashes, at)
                 .expect("take_cached takes registered blocks");
-            if !self.blocks[b as usize].used() {
-                self.unlink(b);
-            }
-            self.blocks[b as usize].word += 1;
-            out.push(b);
-            prev = Some(b);
+            self.hold(s, k);
+            let seg = &self.segs[s as usize];
+            blocks.pieces.push(Piece {
+                seg: s,
+                at: at as u32,
+                n: k,
+            });
+            blocks.ids.extend_from_slice(&seg.ids[..k as usize]);
+            at += k as usize;
         }
         self.stats.hit_blocks += hashes.len() as u64;
     }
 
+    /// A new holder of segment `s`'s first `k` positions: those that were free leave the
+    /// free queue (the segment's lowest runs, queued last).
+    fn hold(&mut self, s: u32, k: u32) {
+        let seg = &mut self.segs[s as usize];
+        let at = seg.holders.partition_point(|&x| x < k);
+        seg.holders.insert(at, k);
+        if k <= seg.free_from {
+            return;
+        }
+        self.free -= k - seg.free_from;
+        seg.free_from = k;
+        // Bounded by the segment's runs: each pass removes one or ends. They cover its free
+        // positions, so those below `k` are the lowest runs'.
+        loop {
+            let r = self.segs[s as usize].low;
+            let run = &mut self.runs[r as usize];
+            if run.hi > k {
+                run.lo = k;
+                break;
+            }
+            let done = run.hi == k;
+            self.remove_run(r);
+            if done {
+                break;
+            }
+        }
+    }
+
     /// Allocates `n` fresh blocks (evicting registered free blocks, least recently used first)
-    /// and appends them to `out`; allocates nothing and returns false if fewer are free.
-    pub fn allocate(&mut self, n: u32, out: &mut Vec<BlockId>) -> bool {
+    /// and appends them to `blocks`; allocates nothing and returns false if fewer are free.
+    pub fn allocate(&mut self, n: u32, blocks: &mut Blocks) -> bool {
         if n > self.free {
             return false;
         }
+        let out = &mut blocks.ids;
+        self.free -= n;
         if !self.caching {
             // Recently released blocks first, then untouched ones.
             let reused = (n as usize).min(self.stack.len());
@@ -275,251 +382,424 @@ impl BlockPool {
             let fresh = n - reused as u32;
             out.extend(self.touched..self.touched + fresh);
             self.touched += fresh;
-            self.free -= n;
             return true;
         }
         // Untouched blocks first: they head the free queue, in id order.
         let fresh = n.min(self.untouched());
-        let first = self.touched;
-        self.blocks.extend((0..fresh).map(|_| Block::ALLOCATED));
-        self.next.extend((0..fresh).map(|_| NIL));
+        out.extend(self.touched..self.touched + fresh);
         self.touched += fresh;
-        out.extend(first..first + fresh);
-        self.free -= fresh;
-        // Then the head of the linked queue. Evicting a block drops its hash from its record
-        // only: the index slot or the link that named it is stale from now on.
-        for _ in fresh..n {
-            let b = self.head;
-            self.unlink(b);
-            let block = &mut self.blocks[b as usize];
-            if block.registered() {
-                block.set_registered(None);
-                self.stats.evictions += 1;
+        // Then the runs at the head of the queue. Bounded: each pass takes a block at least.
+        let mut left = n - fresh;
+        while left > 0 {
+            let r = self.head;
+            let run = &mut self.runs[r as usize];
+            let c = left.min(run.blocks());
+            left -= c;
+            if run.seg == NONE {
+                let lo = run.lo as usize;
+                out.extend_from_slice(&run.anon[lo..lo + c as usize]);
+                run.lo += c;
+            } else {
+                // The segment's last positions: evicted.
+                let (s, hi) = (run.seg, run.hi);
+                run.hi -= c;
+                let seg = &mut self.segs[s as usize];
+                debug_assert_eq!(seg.len(), hi, "a segment's top run holds its last blocks");
+                let keep = (hi - c) as usize;
+                out.extend(seg.ids[keep..].iter().rev());
+                seg.ids.truncate(keep);
+                seg.hashes.truncate(keep);
+                self.stats.evictions += c as u64;
+                if keep == 0 {
+                    // Its last run goes with it, and its index slot is stale from now on.
+                    self.remove_run(r);
+                    let seg = &mut self.segs[s as usize];
+                    self.starts[seg.start as usize] -= 1;
+                    seg.holders.clear();
+                    if seg.hashes.capacity() > KEEP_BLOCKS {
+                        (seg.hashes, seg.ids) = (Vec::new(), Vec::new());
+                    }
+                    self.unused_segs.push(s);
+                    continue;
+                }
             }
-            block.word = 1;
-            out.push(b);
+            if self.runs[r as usize].blocks() == 0 {
+                self.remove_run(r);
+            }
         }
         true
     }
 
-    /// Drops one reference on each block, last block first; unreferenced blocks join the tail
-    /// of the free queue (most recently used), keeping their hash if they have one.
-    pub fn release(&mut self, blocks: &[BlockId]) {
+    /// Drops the sequence's reference on each of its blocks, last block first, and empties
+    /// `blocks`: unreferenced blocks join the tail of the free queue (most recently used),
+    /// keeping their hash if they have one.
+    pub fn release(&mut self, blocks: &mut Blocks) {
+        let n = blocks.ids.len() as u32;
         if !self.caching {
             // Each block has one holder; `check` finds blocks held twice.
-            self.stack.extend(blocks.iter().rev());
-            self.free += blocks.len() as u32;
+            self.stack.extend(blocks.ids.iter().rev());
+            self.free += n;
             assert!(self.free <= self.num_blocks, "blocks released twice");
+            blocks.ids.clear();
             return;
         }
-        for (i, &b) in blocks.iter().enumerate().rev() {
-            if let Some(ahead) = i.checked_sub(AHEAD) {
-                self.prefetch_record(blocks[ahead]);
-            }
-            let block = &mut self.blocks[b as usize];
-            assert!(block.refs() > 0, "block {b} released twice");
-            block.word -= 1;
-            if block.word == 0 {
-                self.push_tail(b);
-            }
+        let mut end = blocks.ids.len();
+        for p in blocks.pieces.iter().rev() {
+            let own = (p.at + p.n) as usize..end;
+            self.push_anon(&blocks.ids[own]);
+            self.drop_holder(p.seg, p.n);
+            end = p.at as usize;
         }
+        self.push_anon(&blocks.ids[..end]);
+        blocks.ids.clear();
+        blocks.pieces.clear();
     }
 
-    /// Registers `blocks[i]` under `hashes[i]` for every `i` from `from` on, once their KV is
-    /// computed; `blocks` and `hashes` are a sequence's blocks and its prompt's chain, from its
-    /// first block. A block whose hash another block holds already stays unregistered (the
-    /// index keeps that one: both hold identical KV).
-    pub fn register_all(&mut self, blocks: &[BlockId], hashes: &[u64], from: usize) {
-        debug_assert_eq!(blocks.len(), hashes.len());
+    /// Segment `s` loses a holder of its first `k` positions: those no other holder holds
+    /// join the queue's tail, highest first.
+    fn drop_holder(&mut self, s: u32, k: u32) {
+        let seg = &mut self.segs[s as usize];
+        let at = seg.holders.partition_point(|&x| x < k);
+        assert!(
+            seg.holders.get(at) == Some(&k),
+            "segment {s} released twice"
+        );
+        seg.holders.remove(at);
+        let now = seg.holders.last().copied().unwrap_or(0);
+        let was = seg.free_from;
+        if now == was {
+            return;
+        }
+        seg.free_from = now;
+        self.free += was - now;
+        let t = self.tail;
+        if t != NONE && self.runs[t as usize].seg == s && self.runs[t as usize].lo == was {
+            // The segment's run queued last ends the queue and goes on with these positions.
+            self.runs[t as usize].lo = now;
+            return;
+        }
+        let r = self.new_run(s, now, was);
+        let seg = &mut self.segs[s as usize];
+        let up = std::mem::replace(&mut seg.low, r);
+        if up == NONE {
+            seg.top = r;
+        } else {
+            self.runs[up as usize].down = r;
+        }
+        self.runs[r as usize].up = up;
+    }
+
+    /// Appends a sequence's own unregistered blocks `ids` (in prompt order) to the queue,
+    /// last first.
+    fn push_anon(&mut self, ids: &[BlockId]) {
+        if ids.is_empty() {
+            return;
+        }
+        self.free += ids.len() as u32;
+        let t = self.tail;
+        let r = if t != NONE && self.runs[t as usize].seg == NONE {
+            t
+        } else {
+            self.new_run(NONE, 0, 0)
+        };
+        self.runs[r as usize].anon.extend(ids.iter().rev());
+    }
+
+    /// A new run at the queue's tail.
+    fn new_run(&mut self, seg: u32, lo: u32, hi: u32) -> u32 {
+        let r = match self.unused_runs.pop() {
+            Some(r) => r,
+            None => {
+                self.runs.push(Run::default());
+                self.runs.len() as u32 - 1
+            }
+        };
+        let prev = self.tail;
+        let run = &mut self.runs[r as usize];
+        (run.prev, run.next, run.seg, run.lo, run.hi) = (prev, NONE, seg, lo, hi);
+        (run.down, run.up) = (NONE, NONE);
+        debug_assert!(run.anon.is_empty());
+        if prev == NONE {
+            self.head = r;
+        } else {
+            self.runs[prev as usize].next = r;
+        }
+        self.tail = r;
+        r
+    }
+
+    /// Takes run `r` out of the queue and of its segment's runs.
+    fn remove_run(&mut self, r: u32) {
+        let run = &mut self.runs[r as usize];
+        let (prev, next, seg, up, down) = (run.prev, run.next, run.seg, run.up, run.down);
+        if run.anon.capacity() > KEEP_IDS {
+            run.anon = Vec::new();
+        } else {
+            run.anon.clear();
+        }
+        if prev == NONE {
+            self.head = next;
+        } else {
+            self.runs[prev as usize].next = next;
+        }
+        if next == NONE {
+            self.tail = prev;
+        } else {
+            self.runs[next as usize].prev = prev;
+        }
+        if seg != NONE {
+            let s = &mut self.segs[seg as usize];
+            if s.top == r {
+                s.top = down;
+            } else {
+                self.runs[up as usize].down = down;
+            }
+            if s.low == r {
+                s.low = up;
+            } else {
+                self.runs[down as usize].up = up;
+            }
+        }
+        self.unused_runs.push(r);
+    }
+
+    /// Registers the sequence's blocks under `hashes[i]` (its prompt's chain from its first
+    /// block) for every `i` from `from` on, once their KV is computed. A block whose hash
+    /// another block holds already stays unregistered (that one holds identical KV). Each
+    /// block extends the segment whose last block is the sequence's block before it, or
+    /// starts a segment.
+    pub fn register_all(&mut self, blocks: &mut Blocks, hashes: &[u64], from: usize) {
         if !self.caching {
             return;
         }
-        // The block registered under the hash before each one.
-        let mut prev = self.owner_before(blocks, hashes, from);
-        for i in from..blocks.len() {
-            if let Some(&ahead) = blocks.get(i + AHEAD) {
-                self.prefetch_record(ahead);
-            }
-            let (b, h) = (blocks[i], hashes[i]);
-            if self.blocks[b as usize].registered() {
-                // Taken as a hit, or registered by an earlier call.
-                debug_assert!(self.holds(b, h), "block {b} holds another hash");
-                prev = Some(b);
+        assert!(hashes.len() <= blocks.len(), "a hash for every block");
+        // Blocks before the sequence's registered end are registered already.
+        let from = from.max(blocks.registered_end());
+        let (mut prev, mut own) = self.owner_before(blocks, hashes, from);
+        let mut i = from;
+        // Bounded: every pass registers a block at least, or moves on by one.
+        while i < hashes.len() {
+            let h = hashes[i];
+            if let Some(x) = self.find(prev, i, h) {
+                (prev, own) = (Some(x), false);
+                i += 1;
                 continue;
             }
-            if let Some(x) = self.find(prev, h) {
-                prev = Some(x);
-                continue;
-            }
-            // Linked from this sequence's previous block if that is registered (so this
-            // sequence holds it) and links nowhere registered; indexed otherwise.
-            let link = i.checked_sub(1).map(|j| blocks[j]).filter(|&p| {
-                let t = self.next[p as usize];
-                prev == Some(p) && (t == NIL || !self.blocks[t as usize].registered())
-            });
-            if let Some(p) = link {
-                self.next[p as usize] = b;
+            let (s, fresh) = match prev {
+                Some((s, p)) if own && p + 1 == self.segs[s as usize].len() => (s, false),
+                _ => (self.new_seg(i, hashes.len() - i), true),
+            };
+            // The sequence holds the whole segment `s` and extends it with block `i`, and
+            // with the blocks after it up to the next position a segment starts at: the hash
+            // of such a block can be in no other segment (it would be at `s`'s next position,
+            // past its end, or start a segment there).
+            let j = (i + 1..hashes.len())
+                .find(|&j| self.starts.get(j).is_some_and(|&n| n > 0))
+                .unwrap_or(hashes.len());
+            let k = (j - i) as u32;
+            let seg = &mut self.segs[s as usize];
+            seg.hashes.extend_from_slice(&hashes[i..j]);
+            seg.ids.extend_from_slice(&blocks.ids[i..j]);
+            seg.free_from = seg.len();
+            (prev, own) = (Some((s, seg.len() - 1)), true);
+            if fresh {
+                seg.holders.push(k);
+                blocks.pieces.push(Piece {
+                    seg: s,
+                    at: i as u32,
+                    n: k,
+                });
+                self.index_seg(s);
             } else {
-                let records = &self.blocks;
-                self.index.make_room(|x| records[x as usize].hash());
-                let new = self.index.insert_new(h, b, |x| records[x as usize].hash());
-                debug_assert!(new, "hash {h:#x} held by a block find missed");
+                // Its holding was the whole segment: the longest.
+                *seg.holders.last_mut().expect("held") += k;
+                blocks.pieces.last_mut().expect("held").n += k;
             }
-            self.blocks[b as usize].set_registered(Some(h));
-            self.next[b as usize] = NIL;
-            prev = Some(b);
+            i = j;
         }
     }
 
-    /// The block registered under `hashes[from - 1]` (`None` if `from` is 0 or no block holds
-    /// it): the sequence's own block there, or else the one a walk of the chain finds.
-    fn owner_before(&self, blocks: &[BlockId], hashes: &[u64], from: usize) -> Option<BlockId> {
-        let j = from.checked_sub(1)?;
-        if self.holds(blocks[j], hashes[j]) {
-            return Some(blocks[j]);
+    /// Where `h` is registered (segment, position), given `prev`, where the hash before it
+    /// in its chain is (`None` at a chain's start, or if no block holds it): the next
+    /// position of `prev`'s segment, or a segment's start.
+    /// `at` is `h`'s chain position.
+    fn find(&self, prev: Option<(u32, u32)>, at: usize, h: u64) -> Option<(u32, u32)> {
+        if let Some((s, p)) = prev
+            && self.segs[s as usize].hashes.get(p as usize + 1) == Some(&h)
+        {
+            return Some((s, p + 1));
         }
-        // The registered block of each hash follows from that of the one before (the module
-        // doc); a hash no block holds leaves only the index for the next.
-        hashes[..from]
-            .iter()
-            .fold(None, |prev, &h| self.find(prev, h))
+        self.starting_at(at, h).map(|s| (s, 0))
     }
 
-    /// Asks for block `b`'s record (a cache hint; nothing if it has none yet).
-    #[inline]
-    fn prefetch_record(&self, b: BlockId) {
-        if let Some(r) = self.blocks.get(b as usize) {
-            prefetch::value(r);
+    /// Where `hashes[from - 1]` is registered, and whether the sequence's own block there is
+    /// the registered one (`None` if `from` is 0 or no block holds it). Blocks between the
+    /// sequence's registered end and `from` hold hashes other blocks held: the chain is
+    /// followed from there.
+    fn owner_before(
+        &self,
+        blocks: &Blocks,
+        hashes: &[u64],
+        from: usize,
+    ) -> (Option<(u32, u32)>, bool) {
+        if from == 0 {
+            return (None, false);
         }
+        let (start, at) = match blocks.pieces.last() {
+            Some(p) => ((p.at + p.n) as usize, Some((p.seg, p.n - 1))),
+            None => (0, None),
+        };
+        if start == from {
+            return (at, true);
+        }
+        let found = (start..from).fold(at, |prev, i| self.find(prev, i, hashes[i]));
+        (found, false)
     }
 
-    /// Block `b`'s registered hash (the index keeps only its top bits).
-    fn hash_of(&self, b: BlockId) -> Option<u64> {
-        self.blocks[b as usize].hash()
+    /// A new segment at chain position `start`, empty, with room for `most` blocks: the
+    /// caller fills it (and so it is indexed, by its first hash, when that is known).
+    fn new_seg(&mut self, start: usize, most: usize) -> u32 {
+        let s = match self.unused_segs.pop() {
+            Some(s) => s,
+            None => {
+                self.segs.push(Seg::EMPTY);
+                self.segs.len() as u32 - 1
+            }
+        };
+        if self.starts.len() <= start {
+            self.starts.resize(start + 1, 0);
+        }
+        self.starts[start] += 1;
+        // An unused slot keeps the room of its arrays (see `allocate`).
+        let seg = &mut self.segs[s as usize];
+        debug_assert!(seg.hashes.is_empty() && seg.holders.is_empty());
+        seg.hashes.reserve(most);
+        seg.ids.reserve(most);
+        (seg.start, seg.free_from, seg.top, seg.low) = (start as u32, 0, NONE, NONE);
+        s
     }
 
-    /// Takes free block `b` out of the free queue: it is in use, with no reference yet.
-    fn unlink(&mut self, b: BlockId) {
-        let block = self.blocks[b as usize];
-        debug_assert!(!block.used());
-        let (prev, next) = (block.word, block.next());
-        if prev == NIL {
-            self.head = next;
-        } else {
-            self.blocks[prev as usize].set_next(next);
-        }
-        if next == NIL {
-            self.tail = prev;
-        } else {
-            // A free block's word is its back link.
-            self.blocks[next as usize].word = prev;
-        }
-        let block = &mut self.blocks[b as usize];
-        block.word = 0;
-        block.link = (block.link & REGISTERED) | USED | NIL;
-        self.free -= 1;
-    }
-
-    /// Puts block `b`, in use with no reference left, at the tail of the free queue.
-    fn push_tail(&mut self, b: BlockId) {
-        let block = &mut self.blocks[b as usize];
-        block.word = self.tail;
-        block.link = (block.link & REGISTERED) | NIL;
-        if self.tail == NIL {
-            self.head = b;
-        } else {
-            self.blocks[self.tail as usize].set_next(b);
-        }
-        self.tail = b;
-        self.free += 1;
+    /// Indexes segment `s`, which holds its first block now.
+    fn index_seg(&mut self, s: u32) {
+        let segs = &self.segs;
+        let first = |x: u32| segs[x as usize].hashes.first().copied();
+        let h = first(s).expect("a segment with a block");
+        self.index.make_room(first);
+        let new = self.index.insert_new(h, s, first);
+        debug_assert!(new, "hash {h:#x} held by a block find missed");
     }
 
     /// Checks the pool's invariants (for tests and debug runs): the free queue (the untouched
-    /// blocks, then the linked list or the stack) holds exactly the unreferenced blocks, and
-    /// the index points at blocks that carry its hash.
+    /// blocks, then the runs, or the stack) holds exactly the free blocks; every segment's
+    /// runs are its free positions, highest first in queue order; no block is in two places
+    /// and no hash is held twice; the index finds every segment by its first hash.
     pub fn check(&self) -> Result<(), String> {
-        let mut n = 0;
-        let mut b = self.head;
-        let mut prev = NIL;
-        while b != NIL {
-            let Some(block) = self.blocks.get(b as usize) else {
-                return Err(format!("the free queue names block {b}, never allocated"));
-            };
-            if block.used() {
-                return Err(format!("block {b} is free with {} references", block.word));
-            }
-            if block.word != prev {
-                return Err(format!("block {b} has a broken back link"));
-            }
-            n += 1;
-            if n > self.blocks.len() {
-                return Err("free queue has a cycle".into());
-            }
-            prev = b;
-            b = block.next();
-        }
         if !self.caching {
             return self.check_stack();
         }
-        if let Some(b) = self
-            .blocks
-            .iter()
-            .position(|r| r.used() && (r.word == 0 || r.next() != NIL))
-        {
-            return Err(format!("block {b} is in use with no reference, or linked"));
+        let mut seen = vec![false; self.touched as usize];
+        let mut mark = |b: BlockId, what: &str| -> Result<(), String> {
+            match seen.get_mut(b as usize) {
+                Some(s) if !*s => {
+                    *s = true;
+                    Ok(())
+                }
+                _ => Err(format!("block {b} ({what}) is untouched or in two places")),
+            }
+        };
+        // The queue: where each run stands in it.
+        let mut place = vec![NONE; self.runs.len()];
+        let (mut free, mut k, mut prev, mut r) = (0u64, 0, NONE, self.head);
+        while r != NONE {
+            let Some(run) = self.runs.get(r as usize) else {
+                return Err(format!("the free queue names run {r}, never made"));
+            };
+            if run.prev != prev {
+                return Err(format!("run {r} has a broken back link"));
+            }
+            if std::mem::replace(&mut place[r as usize], k) != NONE {
+                return Err("the free queue has a cycle".into());
+            }
+            if run.blocks() == 0 {
+                return Err(format!("run {r} is empty"));
+            }
+            if run.seg == NONE {
+                for &b in &run.anon[run.lo as usize..] {
+                    mark(b, "free")?;
+                }
+            } else {
+                let seg = self.segs.get(run.seg as usize).filter(|s| s.len() > 0);
+                match seg {
+                    Some(s) if run.lo >= s.free_from && run.hi <= s.len() && run.lo < run.hi => {}
+                    _ => return Err(format!("run {r} names no free positions of a segment")),
+                }
+            }
+            free += run.blocks() as u64;
+            (k, prev, r) = (k + 1, r, run.next);
         }
-        let unreferenced = self.blocks.iter().filter(|b| !b.used()).count();
-        let untouched = self.untouched() as usize;
-        if n != unreferenced || n + untouched != self.free as usize {
+        if self.tail != prev {
+            return Err("the free queue's tail is not its last run".into());
+        }
+        if free + self.untouched() as u64 != self.free as u64 {
             return Err(format!(
-                "free queue holds {n} and {untouched} untouched, counter says {}, \
-                 unreferenced blocks {unreferenced}",
+                "the queue holds {free} blocks and {} untouched, the counter says {}",
+                self.untouched(),
                 self.free
             ));
         }
-        // Every slot names a block that was allocated, and live slots (whose block holds a
-        // hash with the slot's tag) name distinct blocks; no hash is held by two blocks, and
-        // every registered block is indexed or linked from a registered block.
-        if self.next.len() != self.blocks.len() {
-            return Err("a block has no link".into());
-        }
-        let mut reached = vec![false; self.blocks.len()];
-        for (tag, b) in self.index.iter() {
-            let Some(block) = self.blocks.get(b as usize) else {
-                return Err(format!("the index names block {b}, never allocated"));
-            };
-            if block.hash().map(|h| (h >> 32) as u32) == Some(tag)
-                && std::mem::replace(&mut reached[b as usize], true)
-            {
-                return Err(format!("the index names block {b} twice"));
-            }
+        if k as usize + self.unused_runs.len() != self.runs.len() {
+            return Err("a run is neither queued nor unused".into());
         }
         let mut held = std::collections::HashMap::new();
-        for (b, block) in self.blocks.iter().enumerate() {
-            let Some(h) = block.hash() else { continue };
-            if let Some(other) = held.insert(h, b) {
-                return Err(format!(
-                    "blocks {other} and {b} are both registered under {h:#x}"
-                ));
+        for (s, seg) in self.live_segs() {
+            if seg.ids.len() != seg.hashes.len()
+                || !seg.holders.is_sorted()
+                || seg.free_from != seg.holders.last().copied().unwrap_or(0)
+                || seg.free_from > seg.len()
+            {
+                return Err(format!("segment {s} has inconsistent holders or arrays"));
             }
-            let t = self.next[b];
-            if t != NIL {
-                let Some(target) = self.blocks.get(t as usize) else {
-                    return Err(format!("block {b} links to block {t}, never allocated"));
-                };
-                if target.registered() {
-                    reached[t as usize] = true;
+            // Its runs, from its highest positions down: consecutive, later in the queue.
+            let (mut r, mut above, mut at) = (seg.top, NONE, seg.len());
+            while r != NONE {
+                let run = &self.runs[r as usize];
+                if run.seg != s || run.hi != at || run.up != above {
+                    return Err(format!("segment {s}'s runs do not cover its free blocks"));
+                }
+                if above != NONE && place[r as usize] <= place[above as usize] {
+                    return Err(format!("segment {s}'s runs are out of queue order"));
+                }
+                (above, at, r) = (r, run.lo, run.down);
+            }
+            if at != seg.free_from || seg.low != above {
+                return Err(format!("segment {s}'s runs do not reach its held blocks"));
+            }
+            for (&h, &b) in seg.hashes.iter().zip(&seg.ids) {
+                mark(b, "registered")?;
+                if let Some(other) = held.insert(h, s) {
+                    return Err(format!("segments {other} and {s} both hold {h:#x}"));
                 }
             }
-        }
-        for (b, block) in self.blocks.iter().enumerate() {
-            if let Some(h) = block.hash()
-                && !reached[b]
-            {
-                return Err(format!(
-                    "block {b} is registered under {h:#x}, neither indexed nor linked"
-                ));
+            if self.starting(seg.hashes[0]) != Some(s) {
+                return Err(format!("the index does not find segment {s}"));
             }
+        }
+        let mut starts = vec![0; self.starts.len()];
+        for (_, seg) in self.live_segs() {
+            match starts.get_mut(seg.start as usize) {
+                Some(n) => *n += 1,
+                None => return Err("a segment starts where no start is counted".into()),
+            }
+        }
+        if starts != self.starts {
+            return Err("segment starts are miscounted".into());
+        }
+        if let Some(s) = self
+            .unused_segs
+            .iter()
+            .find(|&&s| self.segs[s as usize].len() > 0)
+        {
+            return Err(format!("segment {s} is unused and holds blocks"));
         }
         Ok(())
     }
@@ -527,12 +807,8 @@ impl BlockPool {
     /// Without caching: the stack holds distinct touched blocks, and with the untouched ones
     /// as many as the free counter says. (The instance checks that held blocks are distinct.)
     fn check_stack(&self) -> Result<(), String> {
-        if self.head != NIL
-            || !self.blocks.is_empty()
-            || !self.next.is_empty()
-            || self.index.full_slots() != 0
-        {
-            return Err("a pool without caching keeps block records".into());
+        if !self.segs.is_empty() || !self.runs.is_empty() || self.index.full_slots() != 0 {
+            return Err("a pool without caching keeps segments".into());
         }
         let mut seen = vec![false; self.touched as usize];
         for &b in &self.stack {
@@ -560,20 +836,22 @@ mod tests {
     #[test]
     fn registered_blocks_are_found_after_release_until_evicted_lru_first() {
         let mut pool = BlockPool::new(4, true);
-        let mut a = Vec::new();
+        let mut a = Blocks::new();
         assert!(pool.allocate(2, &mut a));
-        pool.register_all(&a, &[10, 11], 0);
-        pool.release(&a);
+        pool.register_all(&mut a, &[10, 11], 0);
+        let a_ids = a.to_vec();
+        pool.release(&mut a);
+        assert!(a.is_empty());
         assert_eq!(pool.longest_cached_prefix(&[10, 11, 12]), (2, 2));
 
-        let mut b = Vec::new();
+        let mut b = Blocks::new();
         assert!(pool.allocate(2, &mut b));
-        pool.register_all(&b, &[20, 21], 0);
-        pool.release(&b);
+        pool.register_all(&mut b, &[20, 21], 0);
+        pool.release(&mut b);
         // Free queue, LRU first: [a1, a0, b1, b0] (each sequence releases last block first).
-        let mut c = Vec::new();
+        let mut c = Blocks::new();
         assert!(pool.allocate(1, &mut c));
-        assert_eq!(c, [a[1]]);
+        assert_eq!(*c, [a_ids[1]]);
         assert_eq!(pool.stats.evictions, 1);
         assert_eq!(pool.longest_cached_prefix(&[10, 11]), (1, 1));
         assert_eq!(pool.longest_cached_prefix(&[20, 21]), (2, 2));
@@ -583,19 +861,23 @@ mod tests {
     #[test]
     fn a_hit_takes_the_block_out_of_the_free_queue_and_makes_it_recent() {
         let mut pool = BlockPool::new(3, true);
-        let mut a = Vec::new();
+        let mut a = Blocks::new();
         assert!(pool.allocate(3, &mut a));
-        pool.register_all(&a, &[100, 101, 102], 0);
-        pool.release(&a);
-        let mut held = Vec::new();
+        pool.register_all(&mut a, &[100, 101, 102], 0);
+        let a = {
+            let ids = a.to_vec();
+            pool.release(&mut a);
+            ids
+        };
+        let mut held = Blocks::new();
         pool.take_cached(&[100], &mut held);
-        assert_eq!(held, [a[0]]);
+        assert_eq!(*held, [a[0]]);
         assert_eq!(pool.free_blocks(), 2);
-        pool.release(&held);
+        pool.release(&mut held);
         // a0 is now the most recent: the next two allocations evict a2 then a1.
-        let mut fresh = Vec::new();
+        let mut fresh = Blocks::new();
         assert!(pool.allocate(2, &mut fresh));
-        assert_eq!(fresh, [a[2], a[1]]);
+        assert_eq!(*fresh, [a[2], a[1]]);
         assert_eq!(pool.longest_cached_prefix(&[100, 101]), (1, 1));
         pool.check().unwrap();
     }
@@ -603,37 +885,32 @@ mod tests {
     #[test]
     fn allocation_is_all_or_nothing_and_capacity_is_never_exceeded() {
         let mut pool = BlockPool::new(4, false);
-        let mut a = Vec::new();
+        let mut a = Blocks::new();
         assert!(pool.allocate(3, &mut a));
         assert!(!pool.allocate(2, &mut a));
         assert_eq!(a.len(), 3);
         assert_eq!(pool.free_blocks(), 1);
-        pool.register_all(&a[..1], &[1], 0);
+        pool.register_all(&mut a, &[1], 0);
         assert_eq!(pool.cached_blocks(), 0, "caching off registers nothing");
-        pool.release(&a);
+        pool.release(&mut a);
         assert_eq!(pool.free_blocks(), 4);
         pool.check().unwrap();
     }
 
     #[test]
-    fn a_block_record_is_16_bytes() {
-        assert_eq!(std::mem::size_of::<Block>(), 16);
-    }
-
-    #[test]
     fn untouched_blocks_head_the_free_queue_in_id_order_and_get_a_record_when_first_used() {
         let mut pool = BlockPool::new(5, true);
-        let mut a = Vec::new();
+        let mut a = Blocks::new();
         assert!(pool.allocate(2, &mut a));
-        assert_eq!(a, [0, 1]);
-        assert_eq!(pool.blocks.len(), 2);
-        pool.release(&a);
+        assert_eq!(*a, [0, 1]);
+        assert_eq!(pool.touched, 2);
+        pool.release(&mut a);
         // Free queue: the untouched 2, 3, 4, then a1, a0 (released last block first).
-        let mut b = Vec::new();
+        let mut b = Blocks::new();
         assert!(pool.allocate(5, &mut b));
-        assert_eq!(b, [2, 3, 4, 1, 0]);
+        assert_eq!(*b, [2, 3, 4, 1, 0]);
         pool.check().unwrap();
-        pool.release(&b);
+        pool.release(&mut b);
         assert_eq!(pool.free_blocks(), 5);
         pool.check().unwrap();
     }
@@ -641,15 +918,15 @@ mod tests {
     #[test]
     fn without_caching_released_blocks_are_reused_first_and_untouched_ones_after() {
         let mut pool = BlockPool::new(4, false);
-        let mut a = Vec::new();
+        let mut a = Blocks::new();
         assert!(pool.allocate(2, &mut a));
-        pool.release(&a);
-        let mut b = Vec::new();
+        pool.release(&mut a);
+        let mut b = Blocks::new();
         assert!(pool.allocate(3, &mut b));
-        assert_eq!(b, [0, 1, 2]);
+        assert_eq!(*b, [0, 1, 2]);
         assert_eq!(pool.free_blocks(), 1);
         pool.check().unwrap();
-        pool.release(&b);
+        pool.release(&mut b);
         assert_eq!(pool.free_blocks(), 4);
         pool.check().unwrap();
     }
@@ -657,14 +934,14 @@ mod tests {
     #[test]
     fn shared_blocks_are_freed_only_by_their_last_holder() {
         let mut pool = BlockPool::new(2, true);
-        let mut a = Vec::new();
+        let mut a = Blocks::new();
         assert!(pool.allocate(1, &mut a));
-        pool.register_all(&a, &[7], 0);
-        let mut b = Vec::new();
+        pool.register_all(&mut a, &[7], 0);
+        let mut b = Blocks::new();
         pool.take_cached(&[7], &mut b);
-        pool.release(&a);
+        pool.release(&mut a);
         assert_eq!(pool.free_blocks(), 1);
-        pool.release(&b);
+        pool.release(&mut b);
         assert_eq!(pool.free_blocks(), 2);
         pool.check().unwrap();
     }
@@ -767,24 +1044,24 @@ mod tests {
     fn the_pool_agrees_with_the_obvious_lru_pool_through_random_serving() {
         use crate::hash::mix64;
         use crate::rng::Stream;
-        for seed in 0..80u64 {
+        for seed in 0..300u64 {
             let mut rng = Stream::new(seed, 7);
-            let n = 8 + rng.below(40) as u32;
+            let n = 8 + rng.below(100) as u32;
             // One run in four without caching: blocks come and go, nothing is found again.
             let caching = seed % 4 != 0;
             let mut pool = BlockPool::new(n, caching);
             let mut model = Reference::new(n, caching);
             // Running sequences: their hash chain, blocks held, and blocks registered so far.
-            let mut running: Vec<(Vec<u64>, Vec<BlockId>, usize)> = Vec::new();
-            for step in 0..400 {
+            let mut running: Vec<(Vec<u64>, Blocks, usize)> = Vec::new();
+            for step in 0..600 {
                 let at = format!("seed {seed}, step {step}");
                 match rng.below(4) {
                     // A new sequence: a prompt of one of 4 contexts (shared leading blocks)
                     // then blocks of its own; it takes its cached prefix and allocates the rest.
                     0 | 1 => {
                         let context = rng.below(4);
-                        let shared = rng.below(8) as usize;
-                        let len = 1 + rng.below(10) as usize;
+                        let shared = rng.below(24) as usize;
+                        let len = 1 + rng.below(30) as usize;
                         let own = rng.next_u64();
                         let hashes: Vec<u64> = (0..len)
                             .map(|i| {
@@ -794,18 +1071,18 @@ mod tests {
                             .collect();
                         let (hits, free) = pool.longest_cached_prefix(&hashes);
                         assert_eq!((hits, free), model.longest_cached_prefix(&hashes), "{at}");
-                        let (mut a, mut b) = (Vec::new(), Vec::new());
+                        let (mut a, mut b) = (Blocks::new(), Vec::new());
                         pool.take_cached(&hashes[..hits as usize], &mut a);
                         model.take_cached(&hashes[..hits as usize], &mut b);
                         let rest = len as u32 - hits;
                         let ok = pool.allocate(rest, &mut a);
                         assert_eq!(ok, model.allocate(rest, &mut b), "{at}");
-                        assert_eq!(a, b, "{at}: blocks handed out");
+                        assert_eq!(*a, b, "{at}: blocks handed out");
                         if ok {
                             running.push((hashes, a, hits as usize));
                         } else {
                             // As an instance that cannot admit it: give the hits back.
-                            pool.release(&a);
+                            pool.release(&mut a);
                             model.release(&b);
                         }
                     }
@@ -816,7 +1093,7 @@ mod tests {
                         let (hashes, blocks, done) = &mut running[i];
                         let upto =
                             *done + rng.range_inclusive(0, (hashes.len() - *done) as u64) as usize;
-                        pool.register_all(&blocks[..upto], &hashes[..upto], *done);
+                        pool.register_all(blocks, &hashes[..upto], *done);
                         for j in *done..upto {
                             model.register(blocks[j], hashes[j]);
                         }
@@ -825,9 +1102,10 @@ mod tests {
                     // A sequence finishes (or is preempted): it releases every block.
                     _ if !running.is_empty() => {
                         let i = rng.below(running.len() as u64) as usize;
-                        let (_, blocks, _) = running.swap_remove(i);
-                        pool.release(&blocks);
-                        model.release(&blocks);
+                        let (_, mut blocks, _) = running.swap_remove(i);
+                        let ids = blocks.to_vec();
+                        pool.release(&mut blocks);
+                        model.release(&ids);
                     }
                     _ => {}
                 }

@@ -64,7 +64,7 @@ impl Instance {
                 "the iteration waits for loads that are not in flight".into()
             ));
         }
-        let held: std::collections::BTreeSet<BlockId> = self
+        let held: std::collections::BTreeSet<crate::serving::block_pool::BlockId> = self
             .running
             .iter()
             .chain(&self.parked)

@@ -79,7 +79,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
-use super::block_pool::{BlockId, BlockPool};
+use super::block_pool::{BlockPool, Blocks};
 use super::msg::{Completion, Lookup, Msg};
 use crate::actor::{Actor, ActorId, Context, Medium, Work, unexpected};
 use crate::backend::{BatchBackend, LoadItem, Member, Sampled};
@@ -143,7 +143,7 @@ struct Seq {
     done: bool,
     /// Its store load, from the lookup reply until the load's results are applied.
     load: Option<Box<Load>>,
-    blocks: Vec<BlockId>,
+    blocks: Blocks,
     /// Hashes of the prompt's full blocks (empty unless the policy looks in GPU memory).
     hashes: Vec<u64>,
     /// Reused prompt tokens by tier, fixed at the first admission.
@@ -326,6 +326,8 @@ impl Instance {
         }
         let mut hashes = Vec::new();
         if self.look_in_gpu || self.store.is_some() {
+            // One hash per full prompt block: made once, never grown.
+            hashes.reserve_exact((r.prompt_tokens / self.cfg.block_size) as usize);
             self.hashes
                 .block_hashes(req, self.cfg.block_size as usize, &mut hashes);
         }
@@ -336,7 +338,7 @@ impl Instance {
             generated: 0,
             computed: 0,
             scheduled: 0,
-            blocks: Vec::new(),
+            blocks: Blocks::new(),
             hashes,
             registered: 0,
             done: false,
@@ -393,8 +395,7 @@ impl Instance {
 
     /// Gives `seq`'s KV blocks back to the pool: what they held must be computed again.
     fn release_blocks(&mut self, seq: &mut Seq) {
-        self.pool.release(&seq.blocks);
-        seq.blocks.clear();
+        self.pool.release(&mut seq.blocks);
         seq.computed = 0;
         seq.scheduled = 0;
         seq.registered = 0;
@@ -634,7 +635,7 @@ impl Instance {
                 if seq.registered < full {
                     let full = full as usize;
                     self.pool.register_all(
-                        &seq.blocks[..full],
+                        &mut seq.blocks,
                         &seq.hashes[..full],
                         seq.registered as usize,
                     );
@@ -699,7 +700,7 @@ impl Instance {
             }
             seq.done = true;
             finished = true;
-            self.pool.release(&seq.blocks);
+            self.pool.release(&mut seq.blocks);
             if self.real {
                 if seq.out.len() != seq.output_len as usize {
                     self.violations.push(format!(

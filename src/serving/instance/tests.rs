@@ -627,6 +627,6 @@ fn a_failed_load_already_abandoned_after_a_notice_is_ignored() {
 fn what_an_iteration_reads_of_a_sequence_fits_its_first_cache_line() {
     use std::mem::{align_of, offset_of, size_of};
     assert_eq!(align_of::<Seq>(), 64);
-    assert!(offset_of!(Seq, blocks) + size_of::<Vec<BlockId>>() <= 64);
+    assert!(offset_of!(Seq, blocks) + size_of::<Vec<crate::serving::block_pool::BlockId>>() <= 64);
     assert!(offset_of!(Seq, load) < 64 && offset_of!(Seq, done) < 64);
 }
