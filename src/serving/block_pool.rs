@@ -37,19 +37,22 @@
 //!   takes the lowest free ones (the runs queued last shrink from their low end): both touch
 //!   one run or a few, not a block each.
 //!
-//! Block ids are still real: a sequence's [`Blocks`] list them in prompt order (the backend of
-//! a live run reads and writes KV by them), and they are the ones the obvious pool hands out.
-//! Per block, what is left is copying ids and hashes into arrays, which streams.
+//! **Ids only where KV is real.** With a backend that keeps KV by block (a live run), blocks
+//! have ids: a sequence's [`Blocks`] list them in prompt order, segments and runs keep theirs,
+//! and they are the ones the obvious pool hands out. A simulated backend never reads them,
+//! and which free block an allocation gets is then unobservable (only which hashes stay
+//! registered is), so a simulation's pool keeps no ids at all: blocks are counted, and per
+//! block only a segment's hashes are copied (which streams). The differential test runs a
+//! counting pool in lockstep with the one with ids and the obvious one.
 //!
 //! **Memory.** A pool starts with every block free and untouched, in id order at the head of
 //! the queue; nothing is ever queued ahead of an untouched block, so they are kept implicitly
-//! (ids from `touched` to `num_blocks`), and a pool costs memory for what it registered (12
-//! bytes a registered block) and its runs, not for the KV memory of its GPU (a cluster of
+//! (ids from `touched` to `num_blocks`), and a pool costs memory for what it registered (8
+//! bytes a registered block, 12 with ids) and its runs, not for the KV memory of its GPU (a cluster of
 //! 2,240 GPUs has 26 M blocks). Without caching, no block carries a hash or is shared, so
-//! which free block an allocation gets changes nothing that can be observed: free blocks then
-//! sit on a stack (the most recently released taken first).
-
-use std::ops::Deref;
+//! which free block an allocation gets changes nothing that can be observed: free blocks with
+//! ids then sit on a stack (the most recently released taken first), and a counting pool
+//! keeps only its count of free blocks.
 
 use super::block_index::BlockIndex;
 use crate::metrics::PoolStats;
@@ -63,14 +66,16 @@ const KEEP_BLOCKS: usize = 4096;
 /// its last prompt block and its decode blocks).
 const KEEP_IDS: usize = 256;
 
-/// A sequence's KV blocks: their ids in prompt order, and which of them are registered in
-/// segments (the rest are its own, unregistered). Only the pool changes it.
+/// A sequence's KV blocks: how many, their ids in prompt order (if the pool keeps ids), and
+/// which of them are registered in segments (the rest are its own, unregistered). Only the
+/// pool changes it.
 ///
-/// `repr(C)` with the ids first: an iteration reads a sequence's block count, and the
+/// `repr(C)` with the count first: an iteration reads a sequence's block count, and the
 /// instance keeps that in the sequence's first cache line.
 #[derive(Debug, Default)]
 #[repr(C)]
 pub struct Blocks {
+    n: u32,
     ids: Vec<BlockId>,
     /// In prompt order: `ids[at..at + n]` are positions `0..n` of segment `seg`.
     pieces: Vec<Piece>,
@@ -83,16 +88,27 @@ struct Piece {
     n: u32,
 }
 
-impl Deref for Blocks {
-    type Target = [BlockId];
-    fn deref(&self) -> &[BlockId] {
-        &self.ids
-    }
-}
-
 impl Blocks {
     pub fn new() -> Blocks {
         Blocks::default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.n as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// Their ids, in prompt order: empty unless the pool keeps ids.
+    pub fn ids(&self) -> &[BlockId] {
+        &self.ids
+    }
+
+    /// Blocks of its own, not in segments (unregistered).
+    pub fn own(&self) -> u32 {
+        self.n - self.pieces.iter().map(|p| p.n).sum::<u32>()
     }
 
     pub fn capacity(&self) -> usize {
@@ -146,7 +162,8 @@ impl Seg {
 }
 
 /// A run of the free queue: positions `lo..hi` of segment `seg` (queued from `hi - 1` down),
-/// or, with `seg` `NONE`, the unregistered blocks `anon[lo..]` (in queue order).
+/// or, with `seg` `NONE`, unregistered blocks: the `lo`-th to the `hi`-th queued to it, whose
+/// ids are `anon[lo..hi]` (in queue order) if the pool keeps ids.
 #[derive(Debug, Default)]
 struct Run {
     prev: u32,
@@ -163,11 +180,7 @@ struct Run {
 
 impl Run {
     fn blocks(&self) -> u32 {
-        if self.seg == NONE {
-            self.anon.len() as u32 - self.lo
-        } else {
-            self.hi - self.lo
-        }
+        self.hi - self.lo
     }
 }
 
@@ -179,6 +192,8 @@ pub struct BlockPool {
     num_blocks: u32,
     free: u32,
     caching: bool,
+    /// Whether blocks have ids (see the module doc).
+    keep_ids: bool,
     /// With caching: segments and runs (slabs, with lists of their unused slots), the free
     /// queue's touched runs (behind the untouched blocks), and segment start hash -> segment.
     segs: Vec<Seg>,
@@ -198,7 +213,9 @@ pub struct BlockPool {
 }
 
 impl BlockPool {
-    pub fn new(num_blocks: u32, caching: bool) -> BlockPool {
+    /// A pool of `num_blocks` blocks, with prefix caching or without, whose blocks have ids
+    /// (for a backend that keeps KV by block) or are only counted.
+    pub fn new(num_blocks: u32, caching: bool, keep_ids: bool) -> BlockPool {
         assert!(
             num_blocks > 0 && num_blocks < NONE,
             "block count out of range"
@@ -208,6 +225,7 @@ impl BlockPool {
             num_blocks,
             free: num_blocks,
             caching,
+            keep_ids,
             segs: Vec::new(),
             unused_segs: Vec::new(),
             runs: Vec::new(),
@@ -219,7 +237,7 @@ impl BlockPool {
             starts: Vec::new(),
             // Reserved, not written: the system maps the pages that releases touch, and the
             // stack never grows by copying.
-            stack: if caching {
+            stack: if caching || !keep_ids {
                 Vec::new()
             } else {
                 Vec::with_capacity(num_blocks as usize)
@@ -247,6 +265,12 @@ impl BlockPool {
         (self.segs.iter().enumerate())
             .filter(|(_, s)| !s.hashes.is_empty())
             .map(|(i, s)| (i as u32, s))
+    }
+
+    /// Registered blocks in use: every holder of a segment holds a prefix of it, so its
+    /// blocks in use are its longest holder's (for the instance's checks).
+    pub fn held_registered(&self) -> u32 {
+        self.live_segs().map(|(_, s)| s.free_from).sum()
     }
 
     /// Untouched blocks: the head of the free queue.
@@ -333,7 +357,10 @@ impl BlockPool {
                 at: at as u32,
                 n: k,
             });
-            blocks.ids.extend_from_slice(&seg.ids[..k as usize]);
+            if self.keep_ids {
+                blocks.ids.extend_from_slice(&seg.ids[..k as usize]);
+            }
+            blocks.n += k;
             at += k as usize;
         }
         self.stats.hit_blocks += hashes.len() as u64;
@@ -374,8 +401,13 @@ impl BlockPool {
             return false;
         }
         let out = &mut blocks.ids;
+        let keep = self.keep_ids;
         self.free -= n;
+        blocks.n += n;
         if !self.caching {
+            if !keep {
+                return true;
+            }
             // Recently released blocks first, then untouched ones.
             let reused = (n as usize).min(self.stack.len());
             out.extend(self.stack.drain(self.stack.len() - reused..).rev());
@@ -386,7 +418,9 @@ impl BlockPool {
         }
         // Untouched blocks first: they head the free queue, in id order.
         let fresh = n.min(self.untouched());
-        out.extend(self.touched..self.touched + fresh);
+        if keep {
+            out.extend(self.touched..self.touched + fresh);
+        }
         self.touched += fresh;
         // Then the runs at the head of the queue. Bounded: each pass takes a block at least.
         let mut left = n - fresh;
@@ -396,8 +430,10 @@ impl BlockPool {
             let c = left.min(run.blocks());
             left -= c;
             if run.seg == NONE {
-                let lo = run.lo as usize;
-                out.extend_from_slice(&run.anon[lo..lo + c as usize]);
+                if keep {
+                    let lo = run.lo as usize;
+                    out.extend_from_slice(&run.anon[lo..lo + c as usize]);
+                }
                 run.lo += c;
             } else {
                 // The segment's last positions: evicted.
@@ -405,12 +441,14 @@ impl BlockPool {
                 run.hi -= c;
                 let seg = &mut self.segs[s as usize];
                 debug_assert_eq!(seg.len(), hi, "a segment's top run holds its last blocks");
-                let keep = (hi - c) as usize;
-                out.extend(seg.ids[keep..].iter().rev());
-                seg.ids.truncate(keep);
-                seg.hashes.truncate(keep);
+                let left = (hi - c) as usize;
+                if keep {
+                    out.extend(seg.ids[left..].iter().rev());
+                    seg.ids.truncate(left);
+                }
+                seg.hashes.truncate(left);
                 self.stats.evictions += c as u64;
-                if keep == 0 {
+                if left == 0 {
                     // Its last run goes with it, and its index slot is stale from now on.
                     self.remove_run(r);
                     let seg = &mut self.segs[s as usize];
@@ -434,7 +472,7 @@ impl BlockPool {
     /// `blocks`: unreferenced blocks join the tail of the free queue (most recently used),
     /// keeping their hash if they have one.
     pub fn release(&mut self, blocks: &mut Blocks) {
-        let n = blocks.ids.len() as u32;
+        let n = std::mem::take(&mut blocks.n);
         if !self.caching {
             // Each block has one holder; `check` finds blocks held twice.
             self.stack.extend(blocks.ids.iter().rev());
@@ -443,14 +481,14 @@ impl BlockPool {
             blocks.ids.clear();
             return;
         }
-        let mut end = blocks.ids.len();
+        let mut end = n as usize;
         for p in blocks.pieces.iter().rev() {
             let own = (p.at + p.n) as usize..end;
-            self.push_anon(&blocks.ids[own]);
+            self.push_anon(own.len() as u32, blocks.ids.get(own).unwrap_or(&[]));
             self.drop_holder(p.seg, p.n);
             end = p.at as usize;
         }
-        self.push_anon(&blocks.ids[..end]);
+        self.push_anon(end as u32, blocks.ids.get(..end).unwrap_or(&[]));
         blocks.ids.clear();
         blocks.pieces.clear();
     }
@@ -489,20 +527,24 @@ impl BlockPool {
         self.runs[r as usize].up = up;
     }
 
-    /// Appends a sequence's own unregistered blocks `ids` (in prompt order) to the queue,
-    /// last first.
-    fn push_anon(&mut self, ids: &[BlockId]) {
-        if ids.is_empty() {
+    /// Appends `n` of a sequence's own unregistered blocks to the queue, last first: `ids`,
+    /// in prompt order, if the pool keeps ids.
+    fn push_anon(&mut self, n: u32, ids: &[BlockId]) {
+        if n == 0 {
             return;
         }
-        self.free += ids.len() as u32;
+        self.free += n;
         let t = self.tail;
         let r = if t != NONE && self.runs[t as usize].seg == NONE {
             t
         } else {
             self.new_run(NONE, 0, 0)
         };
-        self.runs[r as usize].anon.extend(ids.iter().rev());
+        let run = &mut self.runs[r as usize];
+        run.hi += n;
+        if self.keep_ids {
+            run.anon.extend(ids.iter().rev());
+        }
     }
 
     /// A new run at the queue's tail.
@@ -599,7 +641,9 @@ impl BlockPool {
             let k = (j - i) as u32;
             let seg = &mut self.segs[s as usize];
             seg.hashes.extend_from_slice(&hashes[i..j]);
-            seg.ids.extend_from_slice(&blocks.ids[i..j]);
+            if self.keep_ids {
+                seg.ids.extend_from_slice(&blocks.ids[i..j]);
+            }
             seg.free_from = seg.len();
             (prev, own) = (Some((s, seg.len() - 1)), true);
             if fresh {
@@ -674,7 +718,9 @@ impl BlockPool {
         let seg = &mut self.segs[s as usize];
         debug_assert!(seg.hashes.is_empty() && seg.holders.is_empty());
         seg.hashes.reserve(most);
-        seg.ids.reserve(most);
+        if self.keep_ids {
+            seg.ids.reserve(most);
+        }
         (seg.start, seg.free_from, seg.top, seg.low) = (start as u32, 0, NONE, NONE);
         s
     }
@@ -724,8 +770,13 @@ impl BlockPool {
                 return Err(format!("run {r} is empty"));
             }
             if run.seg == NONE {
-                for &b in &run.anon[run.lo as usize..] {
-                    mark(b, "free")?;
+                if self.keep_ids {
+                    if run.anon.len() != run.hi as usize {
+                        return Err(format!("run {r} has ids for other blocks"));
+                    }
+                    for &b in &run.anon[run.lo as usize..] {
+                        mark(b, "free")?;
+                    }
                 }
             } else {
                 let seg = self.segs.get(run.seg as usize).filter(|s| s.len() > 0);
@@ -752,7 +803,7 @@ impl BlockPool {
         }
         let mut held = std::collections::HashMap::new();
         for (s, seg) in self.live_segs() {
-            if seg.ids.len() != seg.hashes.len()
+            if (self.keep_ids && seg.ids.len() != seg.hashes.len())
                 || !seg.holders.is_sorted()
                 || seg.free_from != seg.holders.last().copied().unwrap_or(0)
                 || seg.free_from > seg.len()
@@ -774,8 +825,10 @@ impl BlockPool {
             if at != seg.free_from || seg.low != above {
                 return Err(format!("segment {s}'s runs do not reach its held blocks"));
             }
-            for (&h, &b) in seg.hashes.iter().zip(&seg.ids) {
+            for &b in &seg.ids {
                 mark(b, "registered")?;
+            }
+            for &h in &seg.hashes {
                 if let Some(other) = held.insert(h, s) {
                     return Err(format!("segments {other} and {s} both hold {h:#x}"));
                 }
@@ -810,6 +863,13 @@ impl BlockPool {
         if !self.segs.is_empty() || !self.runs.is_empty() || self.index.full_slots() != 0 {
             return Err("a pool without caching keeps segments".into());
         }
+        if !self.keep_ids {
+            return if self.free <= self.num_blocks && self.stack.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{} blocks free of {}", self.free, self.num_blocks))
+            };
+        }
         let mut seen = vec![false; self.touched as usize];
         for &b in &self.stack {
             match seen.get_mut(b as usize) {
@@ -835,11 +895,11 @@ mod tests {
 
     #[test]
     fn registered_blocks_are_found_after_release_until_evicted_lru_first() {
-        let mut pool = BlockPool::new(4, true);
+        let mut pool = BlockPool::new(4, true, true);
         let mut a = Blocks::new();
         assert!(pool.allocate(2, &mut a));
         pool.register_all(&mut a, &[10, 11], 0);
-        let a_ids = a.to_vec();
+        let a_ids = a.ids().to_vec();
         pool.release(&mut a);
         assert!(a.is_empty());
         assert_eq!(pool.longest_cached_prefix(&[10, 11, 12]), (2, 2));
@@ -851,7 +911,7 @@ mod tests {
         // Free queue, LRU first: [a1, a0, b1, b0] (each sequence releases last block first).
         let mut c = Blocks::new();
         assert!(pool.allocate(1, &mut c));
-        assert_eq!(*c, [a_ids[1]]);
+        assert_eq!(c.ids(), [a_ids[1]]);
         assert_eq!(pool.stats.evictions, 1);
         assert_eq!(pool.longest_cached_prefix(&[10, 11]), (1, 1));
         assert_eq!(pool.longest_cached_prefix(&[20, 21]), (2, 2));
@@ -860,31 +920,31 @@ mod tests {
 
     #[test]
     fn a_hit_takes_the_block_out_of_the_free_queue_and_makes_it_recent() {
-        let mut pool = BlockPool::new(3, true);
+        let mut pool = BlockPool::new(3, true, true);
         let mut a = Blocks::new();
         assert!(pool.allocate(3, &mut a));
         pool.register_all(&mut a, &[100, 101, 102], 0);
         let a = {
-            let ids = a.to_vec();
+            let ids = a.ids().to_vec();
             pool.release(&mut a);
             ids
         };
         let mut held = Blocks::new();
         pool.take_cached(&[100], &mut held);
-        assert_eq!(*held, [a[0]]);
+        assert_eq!(held.ids(), [a[0]]);
         assert_eq!(pool.free_blocks(), 2);
         pool.release(&mut held);
         // a0 is now the most recent: the next two allocations evict a2 then a1.
         let mut fresh = Blocks::new();
         assert!(pool.allocate(2, &mut fresh));
-        assert_eq!(*fresh, [a[2], a[1]]);
+        assert_eq!(fresh.ids(), [a[2], a[1]]);
         assert_eq!(pool.longest_cached_prefix(&[100, 101]), (1, 1));
         pool.check().unwrap();
     }
 
     #[test]
     fn allocation_is_all_or_nothing_and_capacity_is_never_exceeded() {
-        let mut pool = BlockPool::new(4, false);
+        let mut pool = BlockPool::new(4, false, true);
         let mut a = Blocks::new();
         assert!(pool.allocate(3, &mut a));
         assert!(!pool.allocate(2, &mut a));
@@ -899,16 +959,16 @@ mod tests {
 
     #[test]
     fn untouched_blocks_head_the_free_queue_in_id_order_and_get_a_record_when_first_used() {
-        let mut pool = BlockPool::new(5, true);
+        let mut pool = BlockPool::new(5, true, true);
         let mut a = Blocks::new();
         assert!(pool.allocate(2, &mut a));
-        assert_eq!(*a, [0, 1]);
+        assert_eq!(a.ids(), [0, 1]);
         assert_eq!(pool.touched, 2);
         pool.release(&mut a);
         // Free queue: the untouched 2, 3, 4, then a1, a0 (released last block first).
         let mut b = Blocks::new();
         assert!(pool.allocate(5, &mut b));
-        assert_eq!(*b, [2, 3, 4, 1, 0]);
+        assert_eq!(b.ids(), [2, 3, 4, 1, 0]);
         pool.check().unwrap();
         pool.release(&mut b);
         assert_eq!(pool.free_blocks(), 5);
@@ -917,13 +977,13 @@ mod tests {
 
     #[test]
     fn without_caching_released_blocks_are_reused_first_and_untouched_ones_after() {
-        let mut pool = BlockPool::new(4, false);
+        let mut pool = BlockPool::new(4, false, true);
         let mut a = Blocks::new();
         assert!(pool.allocate(2, &mut a));
         pool.release(&mut a);
         let mut b = Blocks::new();
         assert!(pool.allocate(3, &mut b));
-        assert_eq!(*b, [0, 1, 2]);
+        assert_eq!(b.ids(), [0, 1, 2]);
         assert_eq!(pool.free_blocks(), 1);
         pool.check().unwrap();
         pool.release(&mut b);
@@ -933,7 +993,7 @@ mod tests {
 
     #[test]
     fn shared_blocks_are_freed_only_by_their_last_holder() {
-        let mut pool = BlockPool::new(2, true);
+        let mut pool = BlockPool::new(2, true, true);
         let mut a = Blocks::new();
         assert!(pool.allocate(1, &mut a));
         pool.register_all(&mut a, &[7], 0);
@@ -1049,10 +1109,13 @@ mod tests {
             let n = 8 + rng.below(100) as u32;
             // One run in four without caching: blocks come and go, nothing is found again.
             let caching = seed % 4 != 0;
-            let mut pool = BlockPool::new(n, caching);
+            let mut pool = BlockPool::new(n, caching, true);
+            // The same pool counting blocks only, as a simulation has it: it must agree on
+            // everything but the ids.
+            let mut count = BlockPool::new(n, caching, false);
             let mut model = Reference::new(n, caching);
             // Running sequences: their hash chain, blocks held, and blocks registered so far.
-            let mut running: Vec<(Vec<u64>, Blocks, usize)> = Vec::new();
+            let mut running: Vec<(Vec<u64>, Blocks, Blocks, usize)> = Vec::new();
             for step in 0..600 {
                 let at = format!("seed {seed}, step {step}");
                 match rng.below(4) {
@@ -1071,18 +1134,23 @@ mod tests {
                             .collect();
                         let (hits, free) = pool.longest_cached_prefix(&hashes);
                         assert_eq!((hits, free), model.longest_cached_prefix(&hashes), "{at}");
-                        let (mut a, mut b) = (Blocks::new(), Vec::new());
+                        assert_eq!((hits, free), count.longest_cached_prefix(&hashes), "{at}");
+                        let (mut a, mut c, mut b) = (Blocks::new(), Blocks::new(), Vec::new());
                         pool.take_cached(&hashes[..hits as usize], &mut a);
+                        count.take_cached(&hashes[..hits as usize], &mut c);
                         model.take_cached(&hashes[..hits as usize], &mut b);
                         let rest = len as u32 - hits;
                         let ok = pool.allocate(rest, &mut a);
                         assert_eq!(ok, model.allocate(rest, &mut b), "{at}");
-                        assert_eq!(*a, b, "{at}: blocks handed out");
+                        assert_eq!(ok, count.allocate(rest, &mut c), "{at}");
+                        assert_eq!(a.ids(), b, "{at}: blocks handed out");
+                        assert_eq!((a.len(), c.len(), c.ids()), (b.len(), b.len(), &[][..]));
                         if ok {
-                            running.push((hashes, a, hits as usize));
+                            running.push((hashes, a, c, hits as usize));
                         } else {
                             // As an instance that cannot admit it: give the hits back.
                             pool.release(&mut a);
+                            count.release(&mut c);
                             model.release(&b);
                         }
                     }
@@ -1090,21 +1158,25 @@ mod tests {
                     // registered (a block whose hash another holds stays unregistered).
                     2 if !running.is_empty() => {
                         let i = rng.below(running.len() as u64) as usize;
-                        let (hashes, blocks, done) = &mut running[i];
+                        let (hashes, blocks, counted, done) = &mut running[i];
                         let upto =
                             *done + rng.range_inclusive(0, (hashes.len() - *done) as u64) as usize;
                         pool.register_all(blocks, &hashes[..upto], *done);
-                        for j in *done..upto {
-                            model.register(blocks[j], hashes[j]);
+                        count.register_all(counted, &hashes[..upto], *done);
+                        assert_eq!(blocks.own(), counted.own(), "{at}");
+                        let ids = &blocks.ids()[*done..upto];
+                        for (&b, &h) in ids.iter().zip(&hashes[*done..upto]) {
+                            model.register(b, h);
                         }
                         *done = upto;
                     }
                     // A sequence finishes (or is preempted): it releases every block.
                     _ if !running.is_empty() => {
                         let i = rng.below(running.len() as u64) as usize;
-                        let (_, mut blocks, _) = running.swap_remove(i);
-                        let ids = blocks.to_vec();
+                        let (_, mut blocks, mut counted, _) = running.swap_remove(i);
+                        let ids = blocks.ids().to_vec();
                         pool.release(&mut blocks);
+                        count.release(&mut counted);
                         model.release(&ids);
                     }
                     _ => {}
@@ -1115,6 +1187,15 @@ mod tests {
                 assert_eq!(pool.stats.hit_blocks, model.hit_blocks, "{at}");
                 assert_eq!(pool.cached_blocks(), model.index.len(), "{at}");
                 pool.check().unwrap_or_else(|e| panic!("{at}: {e}"));
+                let counted = (count.free_blocks(), count.stats, count.cached_blocks());
+                assert_eq!(
+                    counted,
+                    (pool.free_blocks(), pool.stats, pool.cached_blocks())
+                );
+                assert_eq!(count.held_registered(), pool.held_registered(), "{at}");
+                count
+                    .check()
+                    .unwrap_or_else(|e| panic!("{at}: counting: {e}"));
             }
         }
     }

@@ -64,17 +64,22 @@ impl Instance {
                 "the iteration waits for loads that are not in flight".into()
             ));
         }
-        let held: std::collections::BTreeSet<crate::serving::block_pool::BlockId> = self
-            .running
-            .iter()
-            .chain(&self.parked)
-            .flat_map(|s| s.blocks.iter().copied())
-            .collect();
+        let admitted = || self.running.iter().chain(&self.parked);
         let in_use = self.pool.num_blocks() - self.pool.free_blocks();
-        if held.len() != in_use as usize {
+        let held = if self.real {
+            // Blocks with ids: the distinct ones.
+            let ids: std::collections::BTreeSet<crate::serving::block_pool::BlockId> = admitted()
+                .flat_map(|s| s.blocks.ids().iter().copied())
+                .collect();
+            ids.len() as u64
+        } else {
+            // Counted blocks: each sequence's own, and the registered ones in use.
+            let own: u64 = admitted().map(|s| u64::from(s.blocks.own())).sum();
+            own + u64::from(self.pool.held_registered())
+        };
+        if held != u64::from(in_use) {
             return Err(me(format!(
-                "running and parked sequences hold {} distinct blocks, the pool has {in_use} in use",
-                held.len()
+                "running and parked sequences hold {held} distinct blocks, the pool has {in_use} in use"
             )));
         }
         Ok(())

@@ -266,7 +266,8 @@ impl Instance {
             router,
             hashes: Arc::new(PromptHashes::new(trace.clone())),
             trace,
-            pool: BlockPool::new(cfg.num_blocks, policy.keep_gpu_blocks()),
+            // A backend that keeps KV by block needs the ids; a simulated one only counts.
+            pool: BlockPool::new(cfg.num_blocks, policy.keep_gpu_blocks(), backend.real()),
             policy,
             cfg,
             waiting: VecDeque::new(),
@@ -489,7 +490,7 @@ impl Instance {
             .filter(|s| s.scheduled > 0)
             .map(|s| Member {
                 req: s.req,
-                blocks: &s.blocks,
+                blocks: s.blocks.ids(),
                 computed: s.computed,
                 n: s.scheduled,
                 generated: &s.out,
@@ -546,7 +547,7 @@ impl Instance {
                 break;
             }
             let mut seq = self.waiting.pop_front().expect("front exists");
-            if seq.blocks.capacity() == 0 {
+            if self.real && seq.blocks.capacity() == 0 {
                 // Once, for the most blocks it can hold (a preemption keeps the capacity): no
                 // growth of the list as decoding fills blocks.
                 let most = seq.prompt_len + seq.output_len - 1;
@@ -655,7 +656,10 @@ impl Instance {
                         let tensors: Vec<(u64, u32)> = (first..seq.chain.len())
                             .map(|k| (seq.chain[k], k as u32 * st.tensor_tokens))
                             .collect();
-                        match self.backend.export(&seq.blocks, &tensors, st.tensor_tokens) {
+                        match self
+                            .backend
+                            .export(seq.blocks.ids(), &tensors, st.tensor_tokens)
+                        {
                             Ok(d) => Some(Box::new(d)),
                             Err(e) => {
                                 self.violations.push(format!(

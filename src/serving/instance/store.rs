@@ -77,7 +77,10 @@ impl Instance {
                         start: k * tt,
                     })
                     .collect();
-                if let Err(e) = self.backend.load(&seq.blocks, &items, tt, within.clone()) {
+                if let Err(e) = self
+                    .backend
+                    .load(seq.blocks.ids(), &items, tt, within.clone())
+                {
                     tracing::debug!(instance = self.index, req = seq.req.0, "load failed: {e}");
                     failed = true;
                 }
@@ -236,7 +239,10 @@ impl Instance {
                     .iter()
                     .filter_map(|id| at(id).map(|k| (*id, k as u32 * st.tensor_tokens)))
                     .collect();
-                match self.backend.export(&seq.blocks, &tensors, st.tensor_tokens) {
+                match self
+                    .backend
+                    .export(seq.blocks.ids(), &tensors, st.tensor_tokens)
+                {
                     Ok(d) => data = Some(Box::new(d)),
                     Err(e) => {
                         self.violations.push(format!(
