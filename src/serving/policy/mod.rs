@@ -117,16 +117,16 @@ impl PolicyKind {
     /// A policy's simulation time per request relative to vanilla's, rounded: only the
     /// order in which a run starts its simulations depends on it (the most costly first, see
     /// [`crate::sim::parallel_map_in`]), never a result. Measured on `polaris_full` (seconds
-    /// per policy on one core each, at 5543fd6: vanilla 7.5, local-prefix 31, evostore 47,
-    /// ptstore 53): a store policy has about five times vanilla's events (transfers, store
-    /// messages), and every policy with a prefix cache registers and evicts each prompt's
-    /// blocks.
+    /// per policy on one core each, with the pool of segments: vanilla 4.3, local-prefix 14.4,
+    /// evostore 36.2, ptstore 41.3): a store policy has about five times vanilla's events
+    /// (transfers, store messages), and every policy with a prefix cache registers and evicts
+    /// each prompt's blocks.
     pub fn relative_cost(self) -> u64 {
         match self {
             PolicyKind::Vanilla => 1,
-            PolicyKind::LocalPrefix => 4,
-            PolicyKind::EvoStore => 6,
-            PolicyKind::PtStore => 7,
+            PolicyKind::LocalPrefix => 3,
+            PolicyKind::EvoStore => 8,
+            PolicyKind::PtStore => 10,
         }
     }
 
