@@ -51,7 +51,7 @@ fn block(s: u64) -> u32 {
 }
 
 /// Segment start hash -> block id (see the module doc).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct BlockIndex {
     /// `tag << 32 | block + 1`.
     slots: Vec<u64>,

@@ -128,7 +128,7 @@ impl Blocks {
 
 /// Registered blocks at consecutive chain positions (see the module doc). Positions are
 /// relative to the segment's first block.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Seg {
     /// Chain position of its first block.
     start: u32,
@@ -164,7 +164,7 @@ impl Seg {
 /// A run of the free queue: positions `lo..hi` of segment `seg` (queued from `hi - 1` down),
 /// or, with `seg` `NONE`, unregistered blocks: the `lo`-th to the `hi`-th queued to it, whose
 /// ids are `anon[lo..hi]` (in queue order) if the pool keeps ids.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Run {
     prev: u32,
     next: u32,
@@ -185,7 +185,7 @@ impl Run {
 }
 
 /// A fixed pool of KV blocks.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct BlockPool {
     /// Blocks allocated at least once: ids from `touched` to `num_blocks` are untouched.
     touched: u32,
@@ -541,6 +541,14 @@ impl BlockPool {
             self.new_run(NONE, 0, 0)
         };
         let run = &mut self.runs[r as usize];
+        if run.lo > 0 {
+            // The run heads the queue too (allocations took from it): drop what they took,
+            // so that a run that is never emptied does not grow.
+            if self.keep_ids {
+                run.anon.drain(..run.lo as usize);
+            }
+            (run.hi, run.lo) = (run.hi - run.lo, 0);
+        }
         run.hi += n;
         if self.keep_ids {
             run.anon.extend(ids.iter().rev());
@@ -958,7 +966,7 @@ mod tests {
     }
 
     #[test]
-    fn untouched_blocks_head_the_free_queue_in_id_order_and_get_a_record_when_first_used() {
+    fn untouched_blocks_head_the_free_queue_in_id_order() {
         let mut pool = BlockPool::new(5, true, true);
         let mut a = Blocks::new();
         assert!(pool.allocate(2, &mut a));
@@ -989,6 +997,62 @@ mod tests {
         pool.release(&mut b);
         assert_eq!(pool.free_blocks(), 4);
         pool.check().unwrap();
+    }
+
+    #[test]
+    fn the_check_finds_each_kind_of_broken_pool() {
+        for keep_ids in [true, false] {
+            let mut pool = BlockPool::new(8, true, keep_ids);
+            let mut a = Blocks::new();
+            assert!(pool.allocate(4, &mut a));
+            pool.register_all(&mut a, &[1, 2, 3, 4], 0);
+            let mut b = Blocks::new();
+            pool.take_cached(&[1, 2], &mut b);
+            pool.release(&mut a);
+            // Segment 0 holds 1..4, held to 2 by `b`; its positions 2 and 3 are one run.
+            pool.check().unwrap();
+            type Break = (&'static str, fn(&mut BlockPool));
+            let breaks: [Break; 7] = [
+                ("free counter", |p| p.free -= 1),
+                ("free from", |p| p.segs[0].free_from = 1),
+                ("holders", |p| p.segs[0].holders.clear()),
+                ("a run's end", |p| p.runs[p.head as usize].lo += 1),
+                ("starts", |p| p.starts[0] += 1),
+                ("index", |p| p.index = BlockIndex::new(8)),
+                ("a hash held twice", |p| {
+                    let s = p.new_seg(3, 4);
+                    let id = p.segs[0].ids.last().copied();
+                    p.segs[s as usize].hashes.push(4);
+                    p.segs[s as usize].ids.extend(id);
+                    p.index_seg(s);
+                }),
+            ];
+            for (what, f) in breaks {
+                let mut broken = pool.clone();
+                f(&mut broken);
+                assert!(broken.check().is_err(), "{what} (ids: {keep_ids})");
+            }
+        }
+    }
+
+    #[test]
+    fn a_run_that_is_never_emptied_stays_as_small_as_its_blocks() {
+        for keep_ids in [true, false] {
+            let mut pool = BlockPool::new(4, true, keep_ids);
+            let mut a = Blocks::new();
+            assert!(pool.allocate(4, &mut a));
+            pool.release(&mut a);
+            // One unregistered block taken from the head of the only run and given back to
+            // its tail, over and over: the run always holds blocks.
+            for _ in 0..10_000 {
+                assert!(pool.allocate(1, &mut a));
+                pool.release(&mut a);
+            }
+            pool.check().unwrap();
+            let run = &pool.runs[pool.head as usize];
+            assert_eq!((pool.runs.len(), run.hi - run.lo), (1, 4));
+            assert!(run.hi <= 8 && run.anon.len() <= 8, "{run:?}");
+        }
     }
 
     #[test]
