@@ -7,26 +7,26 @@
 //! with an entry per block (twice the pool's blocks, a few hundred KiB) cost a cache miss per
 //! registered block at cluster scale. Below, a *block* is what an entry names: for the pool,
 //! a segment's slot.
-
+//!
 //! An open-addressing table with linear probing: a key's home slot is given by its top 32
 //! bits (keys are already well-mixed 64-bit block hashes, see [`crate::hash`]), and a lookup
 //! walks from there to the key or to an empty slot.
 //!
 //! **A slot is 8 bytes**: the key's top 32 bits (its *tag*, from which its home follows) and
-//! the block id plus one (0 marks an empty slot). The rest of the key lives in the block's
-//! record, so every operation asks the pool for a block's registered hash (`hash_of`), and a
-//! slot is *live* when its block is registered under a hash with the slot's tag.
+//! the block id plus one (0 marks an empty slot). The rest of the key lives in the pool (a
+//! segment's first hash), so every operation asks the pool for a block's hash (`hash_of`),
+//! and a slot is *live* when its block holds a hash with the slot's tag.
 //!
 //! **Evictions do not touch the table.** When a segment loses its last block, the slot that
-//! named it becomes *stale* and is skipped by lookups (the segment no longer holds the key). When full slots reach 3/4 of the table, [`BlockIndex::make_room`]
-//! keeps the live slots and sizes the table to four times their number (at least
-//! [`MIN_SLOTS`], at most `2 * max + 1` for a pool of `max` blocks, which holds every block
-//! with room to spare): a rebuild comes after at least as many insertions as the entries it
+//! named it becomes *stale* and is skipped by lookups (the segment no longer holds the key).
+//! When full slots reach 3/4 of the table, [`BlockIndex::make_room`] keeps the live slots
+//! and sizes the table to four times their number (at least [`MIN_SLOTS`], at most
+//! `2 * max + 1` for a pool of `max` blocks, which holds every block with room to spare): a rebuild comes after at least as many insertions as the entries it
 //! keeps, probe runs stay short, and the table always has an empty slot. A stale slot that
 //! names a block being indexed again under a key with the same tag lies on the key's probe
 //! path and is reused, so live slots never name a block twice.
 //!
-//! Why not `HashMap`: entries are checked against the block records (8-byte slots), stale
+//! Why not `HashMap`: entries are checked against the pool's hashes (8-byte slots), stale
 //! entries cost nothing until a rebuild, and nothing iterates the table except checks and
 //! rebuilds; a lookup's answer (the one live slot of its key) does not depend on where slots
 //! lie, so the table's order never reaches a result.

@@ -136,7 +136,8 @@ struct Seg {
     ids: Vec<BlockId>,
     /// Its holders' prefix lengths, ascending.
     holders: Vec<u32>,
-    /// Positions from here on are free: the longest holder's length (0 with none).
+    /// Positions from here on are free: the longest holder's length (0 with none), kept
+    /// beside `holders` so that a lookup counting free hits does not read them.
     free_from: u32,
     /// Its runs in the free queue: the one with its highest positions (nearest the head) and
     /// the one with its lowest (queued last).
@@ -289,10 +290,16 @@ impl BlockPool {
         self.index.get(h, |s| self.first_hash(s))
     }
 
+    /// Whether a live segment starts at chain position `at`.
+    #[inline]
+    fn starts_at(&self, at: usize) -> bool {
+        self.starts.get(at).is_some_and(|&n| n > 0)
+    }
+
     /// The segment that starts with hash `h`, at chain position `at`.
     #[inline]
     fn starting_at(&self, at: usize, h: u64) -> Option<u32> {
-        if self.starts.get(at).is_some_and(|&n| n > 0) {
+        if self.starts_at(at) {
             self.starting(h)
         } else {
             None
@@ -441,19 +448,19 @@ impl BlockPool {
                 run.hi -= c;
                 let seg = &mut self.segs[s as usize];
                 debug_assert_eq!(seg.len(), hi, "a segment's top run holds its last blocks");
-                let left = (hi - c) as usize;
+                let kept = (hi - c) as usize;
                 if keep {
-                    out.extend(seg.ids[left..].iter().rev());
-                    seg.ids.truncate(left);
+                    out.extend(seg.ids[kept..].iter().rev());
+                    seg.ids.truncate(kept);
                 }
-                seg.hashes.truncate(left);
+                seg.hashes.truncate(kept);
                 self.stats.evictions += c as u64;
-                if left == 0 {
+                if kept == 0 {
                     // Its last run goes with it, and its index slot is stale from now on.
                     self.remove_run(r);
                     let seg = &mut self.segs[s as usize];
                     self.starts[seg.start as usize] -= 1;
-                    seg.holders.clear();
+                    debug_assert!(seg.holders.is_empty(), "only a free segment is evicted");
                     if seg.hashes.capacity() > KEEP_BLOCKS {
                         (seg.hashes, seg.ids) = (Vec::new(), Vec::new());
                     }
@@ -481,14 +488,17 @@ impl BlockPool {
             blocks.ids.clear();
             return;
         }
+        // The ids of blocks `range`, if blocks have ids.
+        let keep = self.keep_ids;
+        let ids = |range: std::ops::Range<usize>| if keep { &blocks.ids[range] } else { &[] };
         let mut end = n as usize;
         for p in blocks.pieces.iter().rev() {
             let own = (p.at + p.n) as usize..end;
-            self.push_anon(own.len() as u32, blocks.ids.get(own).unwrap_or(&[]));
+            self.push_anon(own.len() as u32, ids(own));
             self.drop_holder(p.seg, p.n);
             end = p.at as usize;
         }
-        self.push_anon(end as u32, blocks.ids.get(..end).unwrap_or(&[]));
+        self.push_anon(end as u32, ids(0..end));
         blocks.ids.clear();
         blocks.pieces.clear();
     }
@@ -644,7 +654,7 @@ impl BlockPool {
             // of such a block can be in no other segment (it would be at `s`'s next position,
             // past its end, or start a segment there).
             let j = (i + 1..hashes.len())
-                .find(|&j| self.starts.get(j).is_some_and(|&n| n > 0))
+                .find(|&j| self.starts_at(j))
                 .unwrap_or(hashes.len());
             let k = (j - i) as u32;
             let seg = &mut self.segs[s as usize];

@@ -79,7 +79,7 @@ impl Instance {
         };
         if held != u64::from(in_use) {
             return Err(me(format!(
-                "running and parked sequences hold {held} distinct blocks, the pool has {in_use} in use"
+                "running and parked sequences hold {held} blocks, the pool has {in_use} in use"
             )));
         }
         Ok(())
