@@ -702,3 +702,31 @@ fn a_scenario_name_too_long_for_a_file_name_is_refused_before_running() {
         assert_refused(&o, &["name", "at most 200"]);
     }
 }
+
+#[test]
+fn event_limits_beyond_what_the_kernel_can_count_are_refused_naming_the_key() {
+    let cases = [
+        ("max_events = 1000000000000", "limits.max_events"),
+        ("max_pending_events = 20000000", "limits.max_pending_events"),
+    ];
+    for (line, key) in cases {
+        let text = format!("{}\n[limits]\n{line}\n", small_text());
+        let o = in_folder(&[("s.toml", text.as_bytes())], &["check", "s.toml"]);
+        assert_refused(&o, &["s.toml", key, "at most"]);
+    }
+    // The largest that can be counted are accepted.
+    let text = format!(
+        "{}\n[limits]\nmax_events = {}\nmax_pending_events = {}\n",
+        small_text(),
+        meshsim::sim::kernel::MAX_EVENTS,
+        meshsim::sim::kernel::MAX_PENDING
+    );
+    assert!(meshsim::Scenario::parse("s.toml", "s", &text).is_ok());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+    let pipeline = std::fs::read_to_string(root.join("pipeline_small_2shard.toml"))
+        .unwrap()
+        .replace("[limits]\n", "[limits]\nmax_events = 1000000000000\n");
+    let e = meshsim::pipeline::scenario::PipelineScenario::parse("p.toml", "p", &root, &pipeline)
+        .unwrap_err();
+    assert_eq!(e.key, "limits.max_events", "{e}");
+}

@@ -121,13 +121,6 @@ struct OnArrival<M> {
     extra: Nanos,
 }
 
-struct Slot<M> {
-    actor: Box<dyn Actor<M>>,
-    /// Index into `places` (and `compute_free`): actors at one place share its device.
-    device: usize,
-    rng: Stream,
-}
-
 /// A change of the hardware at a time: a `link-slow` or `gpu-slow` fault starting or ending.
 #[derive(Clone, Copy, Debug)]
 enum Change {
@@ -149,7 +142,15 @@ pub const DEFAULT_CHECK_EVERY: u64 = if cfg!(debug_assertions) { 1024 } else { 0
 /// A set of actors of one system (messages `M`) on a simulated cluster.
 pub struct SimHost<M> {
     kernel: Kernel<Event<M>>,
-    slots: Vec<Slot<M>>,
+    /// The actors, by id, in a dense list of pointers: at scale every event reads one, and
+    /// a list of pointers stays in cache where a list of whole slots (with their random
+    /// streams) would not.
+    actors: Vec<Box<dyn Actor<M>>>,
+    /// Each actor's device: an index into `places` (and `compute_free`); actors at one place
+    /// share its device.
+    devices: Vec<usize>,
+    /// Each actor's random stream, by id.
+    rngs: Vec<Stream>,
     network: Network,
     seed: u64,
     fetch_overhead: FetchOverhead,
@@ -420,7 +421,9 @@ impl<M> SimHost<M> {
     pub fn new(network: Network, limits: Limits, seed: u64) -> SimHost<M> {
         SimHost {
             kernel: Kernel::new(limits, seed),
-            slots: Vec::new(),
+            actors: Vec::new(),
+            devices: Vec::new(),
+            rngs: Vec::new(),
             network,
             seed,
             fetch_overhead: FetchOverhead::default(),
@@ -540,20 +543,19 @@ impl<M> SimHost<M> {
 
     /// Adds an actor running at `place`; ids are given in order from 0.
     pub fn add(&mut self, actor: Box<dyn Actor<M>>, place: Place) -> ActorId {
-        let id = ActorId(self.slots.len() as u32);
+        let id = ActorId(self.actors.len() as u32);
         let device = self.device(place);
         self.places.push(place);
-        self.slots.push(Slot {
-            actor,
-            device,
-            rng: Stream::new(self.seed, streams::ACTOR_BASE + id.0 as u64),
-        });
+        self.actors.push(actor);
+        self.devices.push(device);
+        self.rngs
+            .push(Stream::new(self.seed, streams::ACTOR_BASE + id.0 as u64));
         id
     }
 
     /// The id the next added actor will get (to wire actors that refer to each other).
     pub fn next_id(&self) -> ActorId {
-        ActorId(self.slots.len() as u32)
+        ActorId(self.actors.len() as u32)
     }
 
     /// Checks every actor's invariants now; the first broken one is an error.
@@ -561,8 +563,8 @@ impl<M> SimHost<M> {
         if let Some(e) = self.violations.first() {
             return Err(self.kernel.invariant(e.clone()));
         }
-        for (i, slot) in self.slots.iter().enumerate() {
-            if let Err(e) = slot.actor.check() {
+        for (i, actor) in self.actors.iter().enumerate() {
+            if let Err(e) = actor.check() {
                 return Err(self.kernel.invariant(format!("actor {i}: {e}")));
             }
         }
@@ -571,7 +573,7 @@ impl<M> SimHost<M> {
 
     /// Runs until no event is left, then collects the actors' reports.
     pub fn run(mut self) -> Result<SimOutcome, SimError> {
-        for i in 0..self.slots.len() {
+        for i in 0..self.actors.len() {
             self.kernel
                 .schedule(Nanos::ZERO, ActorId(i as u32), Event::Start);
         }
@@ -588,14 +590,15 @@ impl<M> SimHost<M> {
         while let Some(event) = self.kernel.pop()? {
             // The next event's actor is likely cold at scale: ask for it while this one runs.
             if let Some(next) = self.kernel.next_target()
-                && let Some(slot) = self.slots.get(next.0 as usize)
+                && let Some(actor) = self.actors.get(next.0 as usize)
             {
-                prefetch::value(&*slot.actor);
+                prefetch::value(&**actor);
             }
             if let Event::Change = event.msg {
                 self.apply_changes(event.time);
             }
-            let slot = &mut self.slots[event.target.0 as usize];
+            let who = event.target.0 as usize;
+            let device = self.devices[who];
             let mut net = Net {
                 network: &mut self.network,
                 arrivals: &mut self.arrivals,
@@ -624,15 +627,15 @@ impl<M> SimHost<M> {
                 kernel: &mut self.kernel,
                 net,
                 compute_free: &mut self.compute_free,
-                device_speed: self.device_speed[slot.device],
+                device_speed: self.device_speed[device],
                 violations: &mut self.violations,
-                device: slot.device,
+                device,
                 me: event.target,
-                rng: &mut slot.rng,
+                rng: &mut self.rngs[who],
             };
             match msg {
-                None => slot.actor.start(&mut ctx),
-                Some(m) => slot.actor.handle(m, &mut ctx),
+                None => self.actors[who].start(&mut ctx),
+                Some(m) => self.actors[who].handle(m, &mut ctx),
             }
             self.actor_events += 1;
             if self.check_every > 0 && self.actor_events.is_multiple_of(self.check_every) {
@@ -651,9 +654,9 @@ impl<M> SimHost<M> {
             violations: std::mem::take(&mut self.violations),
             ..Report::default()
         };
-        for slot in &self.slots {
+        for actor in &self.actors {
             let mut part = Report::default();
-            slot.actor.report(&mut part);
+            actor.report(&mut part);
             report.merge(part);
         }
         if let Some(first) = report.violations.first() {

@@ -17,7 +17,7 @@ use crate::pipeline::shard::{CacheLimits, DecodeMode};
 use crate::scenario::hardware::gpu_spec;
 use crate::scenario::{Check, MAX_REQUESTS, ScenarioError};
 use crate::sim::fault::Fault;
-use crate::sim::kernel::Limits;
+use crate::sim::kernel::{Limits, MAX_EVENTS};
 use crate::units::{GB, Nanos};
 
 /// `policies`: the decode modes to compare, each once.
@@ -398,6 +398,12 @@ pub(super) fn restarts(
 pub(super) fn limits(c: &Check, l: &RawLimits) -> Result<(Limits, Duration), ScenarioError> {
     if l.max_events == 0 {
         return Err(c.err("limits.max_events", "expected a positive integer"));
+    }
+    if l.max_events > MAX_EVENTS {
+        return Err(c.err(
+            "limits.max_events",
+            format!("at most {MAX_EVENTS} events, found {}", l.max_events),
+        ));
     }
     let limits = Limits {
         max_events: l.max_events,

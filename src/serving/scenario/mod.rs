@@ -23,7 +23,7 @@ use crate::serving::policy::PolicyKind;
 use crate::serving::router::RouterStrategy;
 use crate::serving::store::StoreConfig;
 use crate::sim::fault::Fault;
-use crate::sim::kernel::Limits;
+use crate::sim::kernel::{Limits, MAX_EVENTS, MAX_PENDING};
 use crate::units::{GIB, Nanos};
 use crate::workload::WorkloadSpec;
 use raw::*;
@@ -497,15 +497,30 @@ fn limits(c: &Check, l: &RawLimits) -> Result<Limits, ScenarioError> {
     if l.max_events == 0 {
         return Err(c.err("limits.max_events", "expected a positive integer, found 0"));
     }
+    if l.max_events > MAX_EVENTS {
+        return Err(c.err(
+            "limits.max_events",
+            format!("at most {MAX_EVENTS} events, found {}", l.max_events),
+        ));
+    }
     if l.max_pending_events == 0 {
         return Err(c.err(
             "limits.max_pending_events",
             "expected a positive integer, found 0",
         ));
     }
+    if l.max_pending_events > MAX_PENDING as u64 {
+        return Err(c.err(
+            "limits.max_pending_events",
+            format!(
+                "at most {MAX_PENDING} events, found {}",
+                l.max_pending_events
+            ),
+        ));
+    }
     Ok(Limits {
         max_events: l.max_events,
         max_time: Nanos::from_secs_f64(c.positive("limits.max_sim_time_s", l.max_sim_time_s)?),
-        max_pending: l.max_pending_events.min(usize::MAX as u64) as usize,
+        max_pending: l.max_pending_events as usize,
     })
 }

@@ -270,6 +270,15 @@ pub struct InsertOutcome {
     pub refused: bool,
 }
 
+/// What serves one tensor of a lookup: the reader's replica, or its owner's copy.
+#[derive(Clone, Copy, Debug)]
+struct Served {
+    node: u32,
+    loc: Location,
+    region: u64,
+    replica: bool,
+}
+
 /// The store's bookkeeping.
 #[derive(Debug)]
 pub struct Directory {
@@ -289,6 +298,8 @@ pub struct Directory {
     pub events: Option<Vec<StoreEvent>>,
     /// Changes of what each server holds, when tracking is on (see [`Directory::changes`]).
     changes: Option<Vec<Change>>,
+    /// A lookup's notes, kept between lookups for their allocation.
+    scratch: Vec<Served>,
 }
 
 impl Directory {
@@ -327,6 +338,7 @@ impl Directory {
             stats: StoreStats::default(),
             events: None,
             changes: None,
+            scratch: Vec::new(),
         }
     }
 
@@ -426,12 +438,44 @@ impl Directory {
     /// stored tensors after the first `skip` (those the reader already has). Counts as an
     /// access to every tensor it plans to load.
     pub fn lookup(&mut self, chain: &[TensorId], skip: usize, reader: u32) -> LoadPlan {
-        let k = self.stored_prefix(chain);
+        // One probe of the tensor map per tensor: the skipped ones are only counted, and what
+        // serves each of the others (the reader's replica, or the owner's copy) is noted for
+        // the plan and the accesses below.
+        let mut k = chain[..skip.min(chain.len())]
+            .iter()
+            .take_while(|id| self.tensors.contains_key(id))
+            .count();
+        let mut served = std::mem::take(&mut self.scratch);
+        served.clear();
+        if k == skip {
+            let replicas = &self.servers[reader as usize].replicas;
+            for id in &chain[skip..] {
+                let Some(t) = self.tensors.get(id) else {
+                    break;
+                };
+                served.push(match replicas.get(id) {
+                    Some(r) => Served {
+                        node: reader,
+                        loc: Location::Host,
+                        region: r.region,
+                        replica: true,
+                    },
+                    None => Served {
+                        node: t.owner,
+                        loc: t.loc,
+                        region: t.region,
+                        replica: false,
+                    },
+                });
+            }
+            k += served.len();
+        }
         let mut plan = LoadPlan {
             stored_chunks: k as u32,
             ..LoadPlan::default()
         };
         if k <= skip {
+            self.scratch = served;
             return plan;
         }
         if self.lease_ns > 0 {
@@ -444,14 +488,8 @@ impl Directory {
         let mut last: Option<(u32, Location, u64)> = None;
         let mut replicate_now = false;
         let mut remote = Vec::new();
-        for (i, &id) in chain.iter().enumerate().take(k).skip(skip) {
-            let t = &self.tensors[&id];
-            let (node, loc, region) =
-                if let Some(r) = self.servers[reader as usize].replicas.get(&id) {
-                    (reader, Location::Host, r.region)
-                } else {
-                    (t.owner, t.loc, t.region)
-                };
+        for (i, s) in served.iter().enumerate() {
+            let (node, loc, region) = (s.node, s.loc, s.region);
             let tier = match (node == reader, loc) {
                 (true, Location::Host) => Tier::LocalHost,
                 (true, Location::Ssd) => Tier::LocalSsd,
@@ -474,48 +512,46 @@ impl Directory {
                         tensors: 0,
                         bytes: 0,
                         segments: 0,
-                        indices: Vec::new(),
+                        // At most the tensors left to plan.
+                        indices: Vec::with_capacity(served.len() - i),
                         epoch: 0,
                     });
                     plan.groups.last_mut().expect("just pushed")
                 }
             };
             group.tensors += 1;
-            group.indices.push(i as u32);
+            group.indices.push((skip + i) as u32);
             group.bytes += bytes;
             group.segments += new_segment as u32;
-            if node != reader {
+            if node != reader
+                && let Some(after) = self.params.replicate_after_reads
+            {
+                let id = chain[skip + i];
                 remote.push(id);
-                if let Some(after) = self.params.replicate_after_reads {
-                    let reads = self.servers[reader as usize]
-                        .remote_reads
-                        .entry(id)
-                        .or_insert(0);
-                    *reads += 1;
-                    replicate_now |= *reads >= after;
-                }
+                let reads = self.servers[reader as usize]
+                    .remote_reads
+                    .entry(id)
+                    .or_insert(0);
+                *reads += 1;
+                replicate_now |= *reads >= after;
             }
         }
         // One access to the copy that serves each planned tensor (see "Access counts" in the
         // module doc): the reader's replica if it has one, else the owner's tensor. Touched
         // from the last tensor to the first, so that under LRU a prefix's early tensors are
         // the most recent.
-        for i in (skip..k).rev() {
-            let id = chain[i];
-            let tick = self.next_tick();
-            let reader_server = &mut self.servers[reader as usize];
-            if reader_server.replicas.contains_key(&id) {
-                reader_server.replica_q.touch(id, tick);
-                continue;
-            }
-            let t = &self.tensors[&id];
-            let (owner, loc) = (t.owner, t.loc);
-            let owner_server = &mut self.servers[owner as usize];
-            match loc {
-                Location::Host => owner_server.host_q.touch(id, tick),
-                Location::Ssd => owner_server.ssd_q.touch(id, tick),
+        for (i, s) in served.iter().enumerate().rev() {
+            let id = chain[skip + i];
+            self.tick += 1;
+            let tick = self.tick;
+            let server = &mut self.servers[s.node as usize];
+            match (s.replica, s.loc) {
+                (true, _) => server.replica_q.touch(id, tick),
+                (false, Location::Host) => server.host_q.touch(id, tick),
+                (false, Location::Ssd) => server.ssd_q.touch(id, tick),
             }
         }
+        self.scratch = served;
         if replicate_now {
             plan.replicate = remote;
         }
