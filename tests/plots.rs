@@ -471,3 +471,59 @@ fn one_policy_gets_the_figure_without_a_comparison() {
     assert!(!report.contains("tokens/s per request against"), "{report}");
     assert!(report.contains("](tps_output.png)"), "{report}");
 }
+
+/// `meshsim run` draws its plots from the runs' latencies in memory, not from `requests.csv`
+/// read back (see `Results::load_with`); `meshsim plot` reads the files. Both must give the
+/// same bytes: here with a sweep (a `point` column) and one-token outputs (no TPOT).
+#[test]
+fn plots_drawn_by_a_run_are_the_bytes_that_meshsim_plot_draws_from_its_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(common::data("small.toml"))
+        .unwrap()
+        .replace("requests = 400", "requests = 120")
+        .replace("min = 8", "min = 1")
+        + "\n[sweep]\n\"workload.context_tokens\" = [1024, 2048]\n";
+    std::fs::write(tmp.path().join("s.toml"), text).unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_meshsim"))
+        .args(["run", "s.toml", "--out", "out", "--threads", "2", "--quiet"])
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let out = tmp.path().join("out");
+    let requests = std::fs::read_to_string(out.join("requests.csv")).unwrap();
+    assert!(
+        requests.starts_with("point,"),
+        "a sweep's rows name their point"
+    );
+    assert!(
+        requests
+            .lines()
+            .any(|l| l.contains(",ok,") && l.contains(",,")),
+        "some completed request has no TPOT"
+    );
+    let drawn: Vec<(String, Vec<u8>)> = output_files(&out)
+        .into_iter()
+        .map(|f| {
+            let bytes = read(&out, &f);
+            std::fs::remove_file(out.join(&f)).unwrap();
+            (f, bytes)
+        })
+        .collect();
+    let redraw = meshsim_plot(&out);
+    assert!(
+        redraw.status.success(),
+        "{}",
+        String::from_utf8_lossy(&redraw.stderr)
+    );
+    for (f, bytes) in drawn {
+        assert!(
+            read(&out, &f) == bytes,
+            "{f} differs when redrawn from the files"
+        );
+    }
+}

@@ -42,7 +42,21 @@ pub fn write_results_dir(
     summaries: &[Summary],
     dir: &Path,
 ) -> std::io::Result<Written> {
-    write_results_dir_with(text, RequestRows::Records(records), summaries, dir)
+    let swept = records.iter().any(|r| r.0.is_some());
+    let latencies = records
+        .iter()
+        .filter(|(_, _, rows)| !rows.is_empty())
+        .map(|(point, policy, rows)| {
+            plot::Latencies::of_run(plot::run_name(swept, *point, policy), rows)
+        })
+        .collect();
+    write_results_dir_with(
+        text,
+        RequestRows::Records(records),
+        summaries,
+        Some(latencies),
+        dir,
+    )
 }
 
 /// Where the rows of `requests.csv` come from.
@@ -77,11 +91,14 @@ impl RequestRows<'_> {
     }
 }
 
-/// [`write_results_dir`] with the request rows held in memory or spooled to files.
+/// [`write_results_dir`] with the request rows held in memory or spooled to files. With
+/// `latencies` (those of the runs whose rows these are, in order: see
+/// [`plot::Results::load_with`]), the plots are drawn without reading `requests.csv` back.
 pub fn write_results_dir_with(
     text: &str,
     requests: RequestRows,
     summaries: &[Summary],
+    latencies: Option<Vec<plot::Latencies>>,
     dir: &Path,
 ) -> std::io::Result<Written> {
     let (plot_time, files) = crate::results::output::replace_dir_atomically(dir, |tmp| {
@@ -90,7 +107,11 @@ pub fn write_results_dir_with(
         let f = std::io::BufWriter::new(std::fs::File::create(tmp.join("summary.csv"))?);
         write_summary(f, summaries).map_err(std::io::Error::other)?;
         let started = Instant::now();
-        let files = plot::render(tmp).map_err(std::io::Error::other)?;
+        let files = match latencies {
+            Some(l) => plot::render_with(tmp, l),
+            None => plot::render(tmp),
+        }
+        .map_err(std::io::Error::other)?;
         Ok((started.elapsed(), files))
     })?;
     Ok(Written {

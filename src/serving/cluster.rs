@@ -552,6 +552,7 @@ pub async fn live(
         link_bytes: LinkBytes::default(),
         wall: started.elapsed().max(out.wall),
         spooled: None,
+        latencies: None,
         output_check: None,
         timing: None,
         across: Some(AcrossProcesses {

@@ -252,6 +252,7 @@ pub async fn live_with(
         link_bytes: LinkBytes::default(),
         wall: started.elapsed().max(out.wall),
         spooled: None,
+        latencies: None,
         output_check: None,
         timing: Some(t),
         across: None,

@@ -20,6 +20,7 @@ use crate::metrics::write::write_request_rows;
 use crate::metrics::{Report, Summary};
 use crate::model::cost::BatchShape;
 use crate::results::output::Scratch;
+use crate::results::plot::{Latencies, run_name};
 use crate::results::{RequestRows, RunError};
 use crate::serving::Msg;
 use crate::serving::chaos::{Chaos, Targets};
@@ -54,8 +55,9 @@ pub struct PolicyRun {
     /// Wall-clock time of the simulation (not reproducible; console only).
     pub wall: Duration,
     /// Where the run's `requests.csv` rows went when it was spooled ([`Spool`]); its
-    /// `report.records` are then empty.
+    /// `report.records` are then empty, and `latencies` holds what the plots need of them.
     pub spooled: Option<PathBuf>,
+    pub latencies: Option<crate::results::plot::Latencies>,
     /// Live runs: how its outputs compare with vanilla's ([`crate::serving::live`]).
     pub output_check: Option<crate::serving::live::OutputCheck>,
     /// Live runs: where the time of the instances' iterations went.
@@ -90,6 +92,10 @@ impl Spool<'_> {
         )
         .map_err(std::io::Error::other)?;
         w.flush()?;
+        // Rows that `requests.csv` will hold: what the plots need of them (none without rows).
+        let name = run_name(self.swept, run.summary.point.as_deref(), run.policy.name());
+        let records = &run.report.records;
+        run.latencies = (!records.is_empty()).then(|| Latencies::of_run(name, records));
         run.report.records = Vec::new();
         run.spooled = Some(path);
         Ok(())
@@ -216,6 +222,7 @@ pub fn simulate_watched(
         link_bytes: outcome.link_bytes,
         wall: started.elapsed(),
         spooled: None,
+        latencies: None,
         output_check: None,
         timing: None,
         across: None,
@@ -518,7 +525,9 @@ pub fn write_results(
             swept: !s.points.is_empty(),
             files,
         };
-        return crate::results::write_results_dir_with(&s.text, rows, &summaries, dir);
+        // Read back from the rows if a run kept none.
+        let latencies: Option<Vec<_>> = runs.iter().map(|r| r.latencies.clone()).collect();
+        return crate::results::write_results_dir_with(&s.text, rows, &summaries, latencies, dir);
     }
     let records: Vec<(Option<&str>, &str, &[crate::metrics::RequestRecord])> = runs
         .iter()

@@ -43,7 +43,7 @@ use plotters::prelude::*;
 
 pub use data::{
     Latencies, MAX_TPS_LENGTHS, Results, SummaryRow, TpsPoint, TpsSeries, is_pipeline,
-    median_tps_by_length,
+    median_tps_by_length, run_name,
 };
 pub use report::report_markdown;
 
@@ -250,6 +250,13 @@ fn file_names(figures: &[Figure]) -> Vec<String> {
 /// interrupted run never leaves a truncated file.
 pub fn render(dir: &Path) -> Result<Vec<PathBuf>, PlotError> {
     let results = Results::load(dir)?;
+    render_results(&results, dir)
+}
+
+/// [`render`] for a folder just written from runs in memory, with their latencies (see
+/// [`Results::load_with`]): the same files, without reading `requests.csv` back.
+pub fn render_with(dir: &Path, latencies: Vec<Latencies>) -> Result<Vec<PathBuf>, PlotError> {
+    let results = Results::load_with(dir, latencies)?;
     render_results(&results, dir)
 }
 
