@@ -80,6 +80,7 @@ pub struct Spool<'a> {
 impl Spool<'_> {
     /// Writes job `i`'s rows and empties its records.
     fn put(&self, i: usize, run: &mut PolicyRun) -> std::io::Result<()> {
+        let started = Instant::now();
         let path = self.scratch.ensure()?.join(format!("job-{i}.csv"));
         let f = std::io::BufWriter::new(std::fs::File::create(&path)?);
         let mut w = csv::WriterBuilder::new().has_headers(false).from_writer(f);
@@ -96,6 +97,12 @@ impl Spool<'_> {
         let name = run_name(self.swept, run.summary.point.as_deref(), run.policy.name());
         let records = &run.report.records;
         run.latencies = (!records.is_empty()).then(|| Latencies::of_run(name, records));
+        tracing::info!(
+            policy = run.policy.name(),
+            rows = records.len(),
+            wall_s = started.elapsed().as_secs_f64(),
+            "request rows spooled"
+        );
         run.report.records = Vec::new();
         run.spooled = Some(path);
         Ok(())
@@ -481,7 +488,14 @@ pub fn simulate_share(
     for (label, sc) in &points {
         let mine: Vec<usize> = (i..i + sc.policies.len()).filter(|&j| owns(j)).collect();
         if !mine.is_empty() {
+            let started = Instant::now();
             let t = Arc::new(trace(sc)?);
+            tracing::info!(
+                point = label.unwrap_or(""),
+                requests = t.requests.len(),
+                wall_s = started.elapsed().as_secs_f64(),
+                "trace built"
+            );
             let span = t.requests.last().map_or(Nanos::ZERO, |r| r.arrival);
             for (j, &p) in sc.policies.iter().enumerate() {
                 if owns(i + j) {

@@ -35,16 +35,12 @@ impl Directory {
     ///   recount;
     /// - replicas: every replica is of a stored tensor owned by another node, recorded on both
     ///   sides;
-    /// - queues: each queue holds exactly the entries of its tier (host, SSD, replicas).
+    /// - queues: each queue holds exactly the entries of its tier (host, SSD, replicas);
+    /// - leases: a tensor's parent is leased at least as long as it is.
     pub fn check(&self) -> Result<(), String> {
         let p = &self.params;
         let b = p.tensor_bytes;
         let nodes = p.nodes as usize;
-        if let Some(id) = self.leases.keys().find(|id| !self.tensors.contains_key(id)) {
-            return Err(format!(
-                "a read lease on tensor {id:x}, which is not stored"
-            ));
-        }
         let (mut owned, mut ssd, mut reps) = (vec![0u64; nodes], vec![0u64; nodes], vec![0; nodes]);
         for (&id, t) in &self.tensors {
             if let Some(parent) = t.parent {
@@ -53,6 +49,13 @@ impl Directory {
                 };
                 if !pt.children.contains(&id) || pt.index + 1 != t.index {
                     return Err(format!("tensor {id:#x} and its parent disagree"));
+                }
+                // A lease holds the whole path from the root, so a parent's lasts as long.
+                if pt.lease_until < t.lease_until {
+                    return Err(format!(
+                        "tensor {id:#x} is leased until {} ns, its parent only until {} ns",
+                        t.lease_until, pt.lease_until
+                    ));
                 }
             } else if t.index != 0 {
                 return Err(format!("root tensor {id:#x} at index {}", t.index));

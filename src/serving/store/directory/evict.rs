@@ -27,9 +27,11 @@ impl Directory {
             // Only leaves: whenever an unpinned, unleased tensor is in host memory, such a
             // leaf is (the one of highest index has no child there: a pinned or leased child
             // would pin or lease it, as pins and leases are closed under parents).
-            let (leases, now) = (&self.leases, self.now_ns);
-            let leased = |id: u64| lease_held(leases, now, id);
-            let eligible = |id: u64| !pinned.contains(&id) && !leased(id) && tensors[&id].is_leaf();
+            let now = self.now_ns;
+            let eligible = |id: u64| {
+                let t = &tensors[&id];
+                !pinned.contains(&id) && t.lease_until <= now && t.is_leaf()
+            };
             let Some((victim, access)) = q.pop_entry_where(eligible) else {
                 return false;
             };
@@ -48,8 +50,8 @@ impl Directory {
             replica_q,
             ..
         } = &mut self.servers[node as usize];
-        let (leases, now) = (&self.leases, self.now_ns);
-        let leased = |id: u64| lease_held(leases, now, id);
+        let (tensors, now) = (&self.tensors, self.now_ns);
+        let leased = |id: u64| tensors.get(&id).is_some_and(|t| t.lease_until > now);
         let eligible = |id: u64| !keep.contains(&id) && !leased(id) && replicas[&id].kids == 0;
         let Some(id) = replica_q.pop_first_where(eligible) else {
             return false;
@@ -149,9 +151,11 @@ impl Directory {
         while self.servers[node as usize].ssd_bytes + bytes > self.params.ssd_capacity {
             let tensors = &self.tensors;
             let q = &mut self.servers[node as usize].ssd_q;
-            let (leases, now) = (&self.leases, self.now_ns);
-            let leased = |id: u64| lease_held(leases, now, id);
-            let eligible = |v: u64| !pinned.contains(&v) && !leased(v) && tensors[&v].is_leaf();
+            let now = self.now_ns;
+            let eligible = |v: u64| {
+                let t = &tensors[&v];
+                !pinned.contains(&v) && t.lease_until <= now && t.is_leaf()
+            };
             let Some(victim) = q.pop_first_where(eligible) else {
                 // Nothing on SSD may go (there is nothing, or only pinned tensors): the
                 // tensor being demoted goes instead.
@@ -186,7 +190,6 @@ impl Directory {
             let Some(t) = self.tensors.remove(&id) else {
                 continue;
             };
-            self.leases.remove(&id);
             n += 1;
             stack.extend_from_slice(&t.children);
             if let Some(p) = t.parent

@@ -160,6 +160,8 @@ struct Tensor {
     host_kids: u32,
     ssd_kids: u32,
     replicas: Vec<u32>,
+    /// Until when (ns) a read lease holds it (see [`Directory::set_lease`]); 0: never leased.
+    lease_until: u64,
 }
 
 impl Tensor {
@@ -288,9 +290,8 @@ pub struct Directory {
     region_tail: HashMap<u64, TensorId, IdBuildHasher>,
     next_region: u64,
     tick: u64,
-    /// Read leases: until when (ns) each tensor is held for a load in flight (see
-    /// [`Directory::set_lease`]); entries leave with their tensor.
-    leases: HashMap<TensorId, u64, IdBuildHasher>,
+    /// The read lease a lookup grants (see [`Directory::set_lease`]); each tensor keeps its
+    /// own expiry.
     lease_ns: u64,
     now_ns: u64,
     pub stats: StoreStats,
@@ -332,7 +333,6 @@ impl Directory {
             region_tail: HashMap::default(),
             next_region: 0,
             tick: 0,
-            leases: HashMap::default(),
             lease_ns: 0,
             now_ns: 0,
             stats: StoreStats::default(),
@@ -431,7 +431,9 @@ impl Directory {
 
     /// Whether `id` holds an unexpired read lease.
     pub fn leased(&self, id: TensorId) -> bool {
-        lease_held(&self.leases, self.now_ns, id)
+        self.tensors
+            .get(&id)
+            .is_some_and(|t| t.lease_until > self.now_ns)
     }
 
     /// Finds the stored prefix of `chain` for a reader on `reader`, and plans loading the
@@ -447,12 +449,16 @@ impl Directory {
             .count();
         let mut served = std::mem::take(&mut self.scratch);
         served.clear();
+        let until = self.now_ns.saturating_add(self.lease_ns);
         if k == skip {
             let replicas = &self.servers[reader as usize].replicas;
             for id in &chain[skip..] {
-                let Some(t) = self.tensors.get(id) else {
+                let Some(t) = self.tensors.get_mut(id) else {
                     break;
                 };
+                if self.lease_ns > 0 {
+                    t.lease_until = until;
+                }
                 served.push(match replicas.get(id) {
                     Some(r) => Served {
                         node: reader,
@@ -478,10 +484,13 @@ impl Directory {
             self.scratch = served;
             return plan;
         }
+        // The planned tensors were leased in the pass above; the skipped ones (the reader
+        // holds them) are on the path too.
         if self.lease_ns > 0 {
-            let until = self.now_ns.saturating_add(self.lease_ns);
-            for &id in &chain[..k] {
-                self.leases.insert(id, until);
+            for id in &chain[..skip] {
+                if let Some(t) = self.tensors.get_mut(id) {
+                    t.lease_until = until;
+                }
             }
         }
         let bytes = self.params.tensor_bytes;
@@ -623,6 +632,7 @@ impl Directory {
                     host_kids: 0,
                     ssd_kids: 0,
                     replicas: Vec::new(),
+                    lease_until: 0,
                 },
             );
             let tick = self.next_tick();
@@ -642,12 +652,6 @@ impl Directory {
         }
         out
     }
-}
-
-/// Whether `id` holds a lease in `leases` that has not expired at `now_ns` (a free function,
-/// so that victim filters can call it while a server's queue is borrowed).
-fn lease_held(leases: &HashMap<TensorId, u64, IdBuildHasher>, now_ns: u64, id: TensorId) -> bool {
-    leases.get(&id).is_some_and(|&until| until > now_ns)
 }
 
 mod check;

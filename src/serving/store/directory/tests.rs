@@ -380,8 +380,18 @@ fn a_leased_path_is_neither_demoted_nor_dropped_until_its_lease_ends() {
     let plan = d.lookup(&ab, 1, 0);
     assert_eq!(plan.groups.len(), 1);
     assert!(d.leased(ab[0]));
-    // Dropped tensors lose their lease entries with them.
+    // A lookup that finds nothing beyond what the reader holds plans nothing and leases
+    // nothing.
+    d.set_now(3_000_001);
+    let plan = d.lookup(&ab, 2, 0);
+    assert!(plan.groups.is_empty());
+    assert!(!d.leased(ab[0]) && !d.leased(ab[1]));
     d.check().unwrap();
+    // A lease on a tensor and not on its parent is a broken path, and the check says so.
+    let t = d.tensors.get_mut(&ab[1]).unwrap();
+    t.lease_until = u64::MAX;
+    let e = d.check().unwrap_err();
+    assert!(e.contains("its parent only until"), "{e}");
 }
 
 #[test]
