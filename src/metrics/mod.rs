@@ -76,6 +76,20 @@ impl RequestRecord {
         }
     }
 
+    /// Its `status` in `requests.csv`: `failed`, `rejected`, `ok` (completed) or
+    /// `unfinished`.
+    pub fn status(&self) -> &'static str {
+        if self.failed.is_some() {
+            "failed"
+        } else if self.rejected {
+            "rejected"
+        } else if self.completed() {
+            "ok"
+        } else {
+            "unfinished"
+        }
+    }
+
     pub fn completed(&self) -> bool {
         self.end.is_some()
     }

@@ -88,15 +88,7 @@ pub fn write_request_rows<W: Write>(
     // exactly as it does for whole records, so the bytes are the same.
     let mut n = Digits::default();
     for r in records {
-        let status = if r.failed.is_some() {
-            "failed"
-        } else if r.rejected {
-            "rejected"
-        } else if r.completed() {
-            "ok"
-        } else {
-            "unfinished"
-        };
+        let status = r.status();
         if swept {
             w.write_field(point.unwrap_or(""))?;
         }
@@ -292,15 +284,7 @@ mod tests {
             .has_headers(false)
             .from_writer(Vec::new());
         for r in records {
-            let status = if r.failed.is_some() {
-                "failed"
-            } else if r.rejected {
-                "rejected"
-            } else if r.completed() {
-                "ok"
-            } else {
-                "unfinished"
-            };
+            let status = r.status();
             let mut row = Vec::new();
             if swept {
                 row.push(point.unwrap_or("").to_string());

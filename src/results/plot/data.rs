@@ -195,8 +195,7 @@ impl Latencies {
         };
         let mut no_tpot = 0u64;
         for r in records {
-            // The rows whose status is `ok` (see `crate::metrics::write`).
-            if r.failed.is_some() || r.rejected || !r.completed() {
+            if r.status() != "ok" {
                 continue;
             }
             let Some(ttft) = r.ttft() else { continue };
