@@ -57,6 +57,7 @@ pub struct PolicyRun {
     /// Where the run's `requests.csv` rows went when it was spooled ([`Spool`]); its
     /// `report.records` are then empty, and `latencies` holds what the plots need of them.
     pub spooled: Option<PathBuf>,
+    /// A spooled run's latencies, as the plots read them from its rows (`None` otherwise).
     pub latencies: Option<crate::results::plot::Latencies>,
     /// Live runs: how its outputs compare with vanilla's ([`crate::serving::live`]).
     pub output_check: Option<crate::serving::live::OutputCheck>,
