@@ -32,8 +32,9 @@ pub struct Written {
 
 /// Writes a results folder: `scenario.toml` (`text`), `requests.csv` (`records`: point,
 /// policy and its records), `summary.csv`, then the plots and `report.md`: the same files
-/// `meshsim plot` makes from those CSV files, drawn from the records' latencies in memory. Everything goes into a temporary folder beside `dir` that replaces `dir` atomically
-/// at the end ([`crate::results::output::replace_dir_atomically`]), so a failure or a crash leaves the
+/// `meshsim plot` makes from those CSV files, drawn from the records' latencies in memory.
+/// Everything goes into a temporary folder beside `dir` that replaces `dir` atomically at the
+/// end ([`crate::results::output::replace_dir_atomically`]), so a failure or a crash leaves the
 /// old results or the new ones, whole; `dir` must be a results folder meshsim wrote, an empty
 /// folder or a new one.
 pub fn write_results_dir(
