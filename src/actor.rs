@@ -136,6 +136,44 @@ pub trait Actor<M>: Send {
 
     /// Adds this actor's results and invariant violations to `report` at the end of a run.
     fn report(&self, report: &mut Report);
+
+    /// Memory outside its own value that this actor expects to read at its next event (a
+    /// cache hint, see [`Hot`]). Asked after each event, while the actor is in cache.
+    fn hot(&self) -> Hot {
+        Hot::default()
+    }
+}
+
+/// Where an actor's state outside its own value lies that its next event will read: the
+/// first line of each of `count` elements, `stride` bytes apart from the address `base`, and
+/// up to two more values `(address, bytes)`. Only a hint for the simulator, which asks the
+/// processor for these lines while the event before runs (`sim::prefetch`): the addresses
+/// are never dereferenced, so a hint that went stale is harmless and changes no result.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Hot {
+    pub base: usize,
+    pub stride: u32,
+    pub count: u32,
+    pub values: [(usize, u32); 2],
+}
+
+impl Hot {
+    /// The elements of `items`, one line asked for each.
+    pub fn of<T>(items: &[T]) -> Hot {
+        Hot {
+            base: items.as_ptr().addr(),
+            stride: std::mem::size_of::<T>() as u32,
+            count: items.len() as u32,
+            values: [(0, 0); 2],
+        }
+    }
+
+    /// Adds `v` (its first [`u32::MAX`] bytes) as the `i`-th more value (0 or 1).
+    pub fn with<T: ?Sized>(mut self, i: usize, v: &T) -> Hot {
+        let bytes = std::mem::size_of_val(v).min(u32::MAX as usize) as u32;
+        self.values[i] = ((v as *const T).cast::<u8>().addr(), bytes);
+        self
+    }
 }
 
 /// Records that `actor` got a message it has no use for (errors are values, see the module

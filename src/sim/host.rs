@@ -36,7 +36,7 @@
 
 use std::collections::HashMap;
 
-use crate::actor::{Actor, ActorId, Context, Medium, Then, Work};
+use crate::actor::{Actor, ActorId, Context, Hot, Medium, Then, Work};
 use crate::hardware::Place;
 use crate::hardware::network::{FlowId, LinkBytes, MICE_BYTES, Network, Transfer};
 use crate::metrics::Report;
@@ -146,6 +146,10 @@ pub struct SimHost<M> {
     /// a list of pointers stays in cache where a list of whole slots (with their random
     /// streams) would not.
     actors: Vec<Box<dyn Actor<M>>>,
+    /// What the next event of each actor will read, by id: where its value lies (and its
+    /// size), and its [`Actor::hot`] region as of its last event. Dense, so that asking for an
+    /// actor's lines before its event reads nothing cold but the list itself.
+    hints: Vec<Hint>,
     /// Each actor's device: an index into `places` (and `compute_free`); actors at one place
     /// share its device.
     devices: Vec<usize>,
@@ -174,6 +178,14 @@ pub struct SimHost<M> {
     arrivals: Vec<Option<OnArrival<M>>>,
     /// Events handled by actors (the others are network events).
     actor_events: u64,
+}
+
+/// Where an actor's state lies, for [`prefetch`]: its value, and its [`Hot`] region.
+#[derive(Clone, Copy, Debug)]
+struct Hint {
+    value: usize,
+    value_bytes: usize,
+    hot: Hot,
 }
 
 /// Fixed costs of posting a bulk fetch: per request and per gathered segment.
@@ -422,6 +434,7 @@ impl<M> SimHost<M> {
         SimHost {
             kernel: Kernel::new(limits, seed),
             actors: Vec::new(),
+            hints: Vec::new(),
             devices: Vec::new(),
             rngs: Vec::new(),
             network,
@@ -546,6 +559,11 @@ impl<M> SimHost<M> {
         let id = ActorId(self.actors.len() as u32);
         let device = self.device(place);
         self.places.push(place);
+        self.hints.push(Hint {
+            value: (&*actor as *const dyn Actor<M>).cast::<u8>().addr(),
+            value_bytes: std::mem::size_of_val(&*actor),
+            hot: actor.hot(),
+        });
         self.actors.push(actor);
         self.devices.push(device);
         self.rngs
@@ -588,11 +606,13 @@ impl<M> SimHost<M> {
             self.kernel.schedule(at, ActorId(0), Event::Change);
         }
         while let Some(event) = self.kernel.pop()? {
-            // The next event's actor is likely cold at scale: ask for it while this one runs.
+            // The next event's actor is likely cold at scale: ask for it, and for what it said
+            // its next event reads, while this one runs.
             if let Some(next) = self.kernel.next_target()
-                && let Some(actor) = self.actors.get(next.0 as usize)
+                && let Some(h) = self.hints.get(next.0 as usize)
             {
-                prefetch::value(&**actor);
+                prefetch::bytes(h.value as *const u8, h.value_bytes);
+                prefetch::hot(h.hot);
             }
             if let Event::Change = event.msg {
                 self.apply_changes(event.time);
@@ -637,6 +657,7 @@ impl<M> SimHost<M> {
                 None => self.actors[who].start(&mut ctx),
                 Some(m) => self.actors[who].handle(m, &mut ctx),
             }
+            self.hints[who].hot = self.actors[who].hot();
             self.actor_events += 1;
             if self.check_every > 0 && self.actor_events.is_multiple_of(self.check_every) {
                 self.check_all()?;

@@ -30,3 +30,19 @@ pub fn bytes(p: *const u8, bytes: usize) {
 pub fn value<T: ?Sized>(v: &T) {
     bytes((v as *const T).cast::<u8>(), std::mem::size_of_val(v));
 }
+
+/// Most lines of an actor's [`Hot`](crate::actor::Hot) region that [`hot`] asks for.
+pub const MAX_HOT_LINES: u32 = 32;
+
+/// Asks for the first line of each of the (at most [`MAX_HOT_LINES`]) elements of `h`, and
+/// for its other values.
+#[inline]
+pub fn hot(h: crate::actor::Hot) {
+    let stride = h.stride.max(1) as usize;
+    for i in 0..h.count.min(MAX_HOT_LINES) as usize {
+        bytes(h.base.wrapping_add(i * stride) as *const u8, 1);
+    }
+    for (at, n) in h.values {
+        bytes(at as *const u8, n as usize);
+    }
+}

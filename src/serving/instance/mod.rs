@@ -81,7 +81,7 @@ use std::sync::Arc;
 
 use super::block_pool::{BlockPool, Blocks};
 use super::msg::{Completion, Lookup, Msg};
-use crate::actor::{Actor, ActorId, Context, Medium, Work, unexpected};
+use crate::actor::{Actor, ActorId, Context, Hot, Medium, Work, unexpected};
 use crate::backend::{BatchBackend, LoadItem, Member, Sampled};
 use crate::hardware::Place;
 use crate::metrics::Tier;
@@ -91,7 +91,6 @@ use crate::serving::policy::Policy;
 use crate::serving::prompt_hashes::PromptHashes;
 use crate::serving::store::LoadOverlap;
 use crate::serving::store::directory::{LoadGroup, LoadPlan, Location};
-use crate::sim::prefetch;
 use crate::units::Nanos;
 use crate::workload::{ReqId, Trace};
 
@@ -418,8 +417,6 @@ impl Instance {
     /// Plans and starts the next iteration, if there is anything to compute.
     fn step(&mut self, ctx: &mut dyn Context<Msg>) {
         debug_assert!(self.busy_since.is_none());
-        // The backend prices the iteration at the end; at scale it is cold (a cache hint).
-        prefetch::value(&*self.backend);
         let mut budget = self.cfg.max_batched_tokens;
         let mut shape = BatchShape::default();
         let mut preempted = false;
@@ -765,6 +762,12 @@ impl Actor<Msg> for Instance {
             return Ok(());
         }
         self.invariants()
+    }
+
+    /// Its next event (most often an iteration's end) reads every running sequence's first
+    /// line, then asks its backend for the next iteration's cost.
+    fn hot(&self) -> Hot {
+        Hot::of(&self.running).with(0, &*self.backend)
     }
 
     fn report(&self, report: &mut Report) {

@@ -630,3 +630,38 @@ fn what_an_iteration_reads_of_a_sequence_fits_its_first_cache_line() {
     assert!(offset_of!(Seq, blocks) + size_of::<Vec<crate::serving::block_pool::BlockId>>() <= 64);
     assert!(offset_of!(Seq, load) < 64 && offset_of!(Seq, done) < 64);
 }
+
+#[test]
+fn its_cache_hint_names_the_running_sequences_and_the_backend_as_the_batch_changes() {
+    // Two 32-token prompts, then one of them finishes first (fewer output tokens): the hint
+    // follows the running batch (which moves when it grows), and always names the backend.
+    let mut s = script();
+    let mut i = instance(trace(&[32, 32, 32], 4), Arc::new(Vanilla), 100, 1024, &s);
+    let backend = (&*i.backend as *const dyn BatchBackend).cast::<u8>().addr();
+    let expect = |i: &Instance| {
+        let h = i.hot();
+        assert_eq!(h.count as usize, i.running.len());
+        assert_eq!(h.base, i.running.as_ptr().addr());
+        assert_eq!(h.stride as usize, std::mem::size_of::<Seq>());
+        assert_eq!(h.values[0].0, backend);
+        assert!(h.values[0].1 > 0);
+    };
+    expect(&i);
+    for r in 0..3 {
+        i.handle(Msg::Submit(ReqId(r)), &mut s);
+        expect(&i);
+    }
+    assert_eq!(i.running.len(), 1, "the others wait for the next iteration");
+    let mut most = 0;
+    for _ in 0..100 {
+        if i.busy_since.is_none() {
+            break;
+        }
+        s.now += Nanos(1_000);
+        i.handle(Msg::WorkDone, &mut s);
+        most = most.max(i.running.len());
+        expect(&i);
+    }
+    assert_eq!(most, 3, "all three ran together");
+    assert!(i.running.is_empty() && i.violations.is_empty());
+}
