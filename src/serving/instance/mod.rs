@@ -765,9 +765,10 @@ impl Actor<Msg> for Instance {
     }
 
     /// Its next event (most often an iteration's end) reads every running sequence's first
-    /// line, then asks its backend for the next iteration's cost.
+    /// line, then asks its backend for the next iteration's cost and its pool for blocks.
     fn hot(&self) -> Hot {
-        Hot::of(&self.running).with(0, &*self.backend)
+        self.pool
+            .hint(Hot::of(&self.running).with(0, &*self.backend))
     }
 
     fn report(&self, report: &mut Report) {
