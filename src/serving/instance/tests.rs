@@ -633,8 +633,9 @@ fn what_an_iteration_reads_of_a_sequence_fits_its_first_cache_line() {
 
 #[test]
 fn its_cache_hint_names_the_running_sequences_and_the_backend_as_the_batch_changes() {
-    // Two 32-token prompts, then one of them finishes first (fewer output tokens): the hint
-    // follows the running batch (which moves when it grows), and always names the backend.
+    // Three 32-token prompts: the first runs alone, the others join it at the next iteration
+    // and all leave as they finish. The hint follows the running batch (whose array moves
+    // when it grows) and always names the backend.
     let mut s = script();
     let mut i = instance(trace(&[32, 32, 32], 4), Arc::new(Vanilla), 100, 1024, &s);
     let backend = (&*i.backend as *const dyn BatchBackend).cast::<u8>().addr();
