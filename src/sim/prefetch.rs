@@ -6,7 +6,7 @@
 //! so that the misses overlap. It is only a hint: it never faults, changes no memory and no
 //! result; on processors without one it does nothing.
 
-/// Most bytes of one value that [`value`] asks for.
+/// Most bytes that one call of [`bytes`] asks for.
 pub const MAX_BYTES: usize = 1024;
 
 /// Asks for the cache lines of the `bytes` bytes at `p` (at most [`MAX_BYTES`]).
@@ -23,12 +23,6 @@ pub fn bytes(p: *const u8, bytes: usize) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (p, bytes);
-}
-
-/// Asks for the cache lines of `v` (its first [`MAX_BYTES`] bytes; not what it points to).
-#[inline]
-pub fn value<T: ?Sized>(v: &T) {
-    bytes((v as *const T).cast::<u8>(), std::mem::size_of_val(v));
 }
 
 /// Most lines of an actor's [`Hot`](crate::actor::Hot) region that [`hot`] asks for.
