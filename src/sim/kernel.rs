@@ -10,8 +10,10 @@
 //! message waits in a slot of its own. Sifting moves and compares only keys: at cluster scale
 //! a few thousand events are pending, their keys fit in the processor's first-level cache,
 //! and a pop walks half as many levels as in a binary heap, with four keys of one level in
-//! one or two cache lines. The message is read once, when its event is popped. Freed slots
-//! are reused last-freed first, so the slots in use stay few and warm.
+//! one or two cache lines. The message is read once, when its event is popped. The slot's
+//! target lives apart from the messages, in an array of 4 bytes a slot, so that the host can
+//! learn the next event's actor (to ask for its memory early) without a cache miss on a cold
+//! message. Freed slots are reused last-freed first, so the slots in use stay few and warm.
 //!
 //! Limits (DESIGN contract 6): a run ends with a typed [`SimError`] naming the seed when it
 //! processes more than `max_events` events, when an event lies beyond `max_time`, or when more
@@ -103,8 +105,11 @@ const ARITY: usize = 4;
 pub struct Kernel<M> {
     /// A 4-ary min-heap of the pending events' keys.
     heap: Vec<Key>,
-    /// The target and message of each pending event, by slot; `None` in a free slot.
-    slots: Vec<Option<(ActorId, M)>>,
+    /// The message of each pending event, by slot; `None` in a free slot.
+    slots: Vec<Option<M>>,
+    /// The target of each pending event, by slot (stale in a free slot): apart from the
+    /// messages, so that [`Kernel::next_target`] reads a small, warm array.
+    targets: Vec<ActorId>,
     /// Free slots, the last freed on top.
     free: Vec<u32>,
     /// Most slots: [`MAX_PENDING`] (fewer only in tests).
@@ -129,6 +134,7 @@ impl<M> Kernel<M> {
         Kernel {
             heap: Vec::new(),
             slots: Vec::new(),
+            targets: Vec::new(),
             free: Vec::new(),
             max_slots: MAX_PENDING,
             overflow: false,
@@ -156,7 +162,7 @@ impl<M> Kernel<M> {
     /// scheduled first).
     pub fn next_target(&self) -> Option<ActorId> {
         let key = self.heap.first()?;
-        self.slots[key.slot()].as_ref().map(|(target, _)| *target)
+        Some(self.targets[key.slot()])
     }
 
     /// Schedules `msg` for `target` at `time` (never before now).
@@ -169,11 +175,13 @@ impl<M> Kernel<M> {
         debug_assert!(seq < 1 << (64 - SLOT_BITS));
         let slot = match self.free.pop() {
             Some(slot) => {
-                self.slots[slot as usize] = Some((target, msg));
+                self.slots[slot as usize] = Some(msg);
+                self.targets[slot as usize] = target;
                 slot as usize
             }
             None if self.slots.len() < self.max_slots => {
-                self.slots.push(Some((target, msg)));
+                self.slots.push(Some(msg));
+                self.targets.push(target);
                 self.slots.len() - 1
             }
             None => {
@@ -261,7 +269,8 @@ impl<M> Kernel<M> {
             self.sift_down(0, last);
         }
         let slot = top.slot();
-        let (target, msg) = self.slots[slot]
+        let target = self.targets[slot];
+        let msg = self.slots[slot]
             .take()
             .expect("a pending event's slot holds its message");
         self.free.push(slot as u32);

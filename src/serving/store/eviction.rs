@@ -54,6 +54,14 @@ pub struct Access {
 /// A heap item: (key, id, version), smallest first.
 type Item = Reverse<(u64, u64, u32)>;
 
+/// The key of an entry in a queue of `kind` at GDSF clock `clock`.
+fn key_of(kind: Eviction, clock: f64, freq: u32, value: f64, tick: u64) -> u64 {
+    match kind {
+        Eviction::Lru => tick,
+        Eviction::Gdsf => (clock + freq as f64 * value).to_bits(),
+    }
+}
+
 /// An eviction queue over entries identified by `u64` ids.
 ///
 /// The order lives in a binary min-heap with lazy deletion: re-keying an entry pushes a new
@@ -96,10 +104,7 @@ impl EvictionQueue {
     }
 
     fn key(&self, freq: u32, value: f64, tick: u64) -> u64 {
-        match self.kind {
-            Eviction::Lru => tick,
-            Eviction::Gdsf => (self.clock + freq as f64 * value).to_bits(),
-        }
+        key_of(self.kind, self.clock, freq, value, tick)
     }
 
     fn push(&mut self, id: u64, e: Entry) {
@@ -162,19 +167,16 @@ impl EvictionQueue {
 
     /// Records an access to `id` (if present).
     pub fn touch(&mut self, id: u64, tick: u64) {
-        let Some(&old) = self.entries.get(&id) else {
+        // One probe of the map: the entry is re-keyed in place.
+        let (kind, clock) = (self.kind, self.clock);
+        let Some(e) = self.entries.get_mut(&id) else {
             return;
         };
-        let freq = old.freq.saturating_add(1);
-        let e = Entry {
-            key: self.key(freq, old.value, tick),
-            version: old.version.wrapping_add(1),
-            freq,
-            tick,
-            value: old.value,
-            hidden: old.hidden,
-        };
-        self.entries.insert(id, e);
+        e.freq = e.freq.saturating_add(1);
+        e.key = key_of(kind, clock, e.freq, e.value, tick);
+        e.version = e.version.wrapping_add(1);
+        e.tick = tick;
+        let e = *e;
         self.push(id, e);
     }
 
