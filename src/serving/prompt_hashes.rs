@@ -9,15 +9,18 @@
 //! partial block) is kept under that list of segments, and a prompt is hashed from there:
 //! the result is exactly [`Trace::block_hashes`]'s (a test checks it).
 //!
-//! The memo is bounded: when it holds more than [`MEMO_HASHES`] hashes it is emptied and
-//! filled again as prompts come. It only ever saves work, so its contents never change a
+//! The memo is a hash map keyed by a 64-bit hash of the block size and the list of segments
+//! (one probe; an ordered map keyed by the lists compared a list at every node it passed, each
+//! one a cache miss once the memo outgrew the caches). An entry keeps its list, so a
+//! colliding list is told apart and replaces it. The memo is bounded: when it holds more than
+//! [`MEMO_HASHES`] hashes it is emptied and filled again as prompts come. It only ever saves work, so its contents never change a
 //! result. One memo serves every actor of a simulation (a lock that is never contended: a
 //! simulation runs on one thread).
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::hash::{ROOT_PARENT, block_hash};
+use crate::hash::{IdBuildHasher, ROOT_PARENT, block_hash, mix64};
 use crate::workload::{ReqId, SegId, Trace};
 
 /// Most hashes the memo holds (8 bytes each: 32 MiB).
@@ -26,6 +29,9 @@ pub const MEMO_HASHES: usize = 1 << 22;
 /// The chain after a list of segments.
 #[derive(Debug)]
 struct Chain {
+    /// The block size and the list of segments it is the chain of.
+    block_size: usize,
+    leading: Vec<SegId>,
     hashes: Vec<u64>,
     parent: u64,
     /// Tokens of the partial block at the end (fewer than a block).
@@ -34,9 +40,19 @@ struct Chain {
 
 #[derive(Debug, Default)]
 struct Memo {
-    /// Chains by block size, then by list of leading segments.
-    chains: BTreeMap<usize, BTreeMap<Vec<SegId>, Chain>>,
+    /// Chains by [`memo_key`] of their block size and list of leading segments.
+    chains: HashMap<u64, Chain, IdBuildHasher>,
     hashes: usize,
+}
+
+/// The memo's key for a block size and a list of segments: well mixed, as the map's hasher
+/// takes it as it is.
+fn memo_key(block_size: usize, segments: &[SegId]) -> u64 {
+    let mut h = mix64(block_size as u64 ^ (segments.len() as u64) << 32);
+    for s in segments {
+        h = mix64(h ^ s.0 as u64);
+    }
+    h
 }
 
 /// Block hashes of a trace's prompts (see the module doc).
@@ -69,10 +85,11 @@ impl PromptHashes {
         // A poisoned lock only means another simulation's thread panicked; the memo's
         // contents are still valid chains.
         let mut memo = self.memo.lock().unwrap_or_else(|e| e.into_inner());
+        let key = memo_key(block_size, leading);
         let known = memo
             .chains
-            .get(&block_size)
-            .is_some_and(|c| c.contains_key(leading));
+            .get(&key)
+            .is_some_and(|c| c.block_size == block_size && c.leading == leading);
         if !known {
             let chain = self.chain(leading, block_size);
             if memo.hashes + chain.hashes.len() > MEMO_HASHES {
@@ -80,11 +97,13 @@ impl PromptHashes {
                 memo.hashes = 0;
             }
             memo.hashes += chain.hashes.len();
-            let sized = memo.chains.entry(block_size).or_default();
-            sized.insert(leading.to_vec(), chain);
+            // A colliding list's chain is replaced.
+            if let Some(old) = memo.chains.insert(key, chain) {
+                memo.hashes -= old.hashes.len();
+            }
         }
         // Just made if it was missing.
-        let chain = &memo.chains[&block_size][leading];
+        let chain = &memo.chains[&key];
         out.clear();
         out.extend_from_slice(&chain.hashes);
         let mut block = Vec::with_capacity(block_size);
@@ -114,6 +133,8 @@ impl PromptHashes {
             &mut hashes,
         );
         Chain {
+            block_size,
+            leading: segments.to_vec(),
             hashes,
             parent,
             rest,
