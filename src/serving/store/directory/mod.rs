@@ -459,7 +459,14 @@ impl Directory {
                 if self.lease_ns > 0 {
                     t.lease_until = until;
                 }
-                served.push(match replicas.get(id) {
+                // A tensor with no replica anywhere has none on the reader (the replica map
+                // and the tensors' replica lists agree, see the check): no probe of the map.
+                let replica = if t.replicas.is_empty() {
+                    None
+                } else {
+                    replicas.get(id)
+                };
+                served.push(match replica {
                     Some(r) => Served {
                         node: reader,
                         loc: Location::Host,
