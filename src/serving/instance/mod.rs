@@ -246,6 +246,38 @@ pub struct Instance {
     real: bool,
     outputs: Vec<(u32, Vec<u32>)>,
     first_logits: Vec<(u32, Vec<f32>)>,
+    /// Buffers of finished requests, for the next ones.
+    spare: Spare,
+}
+
+/// Most buffers of each kind an instance keeps for reuse. An instance admits a few requests
+/// between two that finish, so a few cover them; the bound keeps what waits small (a SQuAD
+/// prompt's hashes are about 2 KiB).
+const MAX_SPARE: usize = 4;
+
+/// Buffers that finished requests leave for the next ones: a new request's block hashes and
+/// block list reuse them instead of allocating, and the memory they land in is likely still
+/// in the cache (at cluster scale, a fresh allocation is a cold one, and its free at the end
+/// of the request another miss).
+#[derive(Debug, Default)]
+struct Spare {
+    hashes: Vec<Vec<u64>>,
+    blocks: Vec<Blocks>,
+}
+
+impl Spare {
+    /// Keeps the buffers of `seq`, which finished and released its blocks. A real backend's
+    /// block list keeps its capacity for the request's most blocks and is not kept.
+    fn keep(&mut self, seq: &mut Seq, real: bool) {
+        if self.hashes.len() < MAX_SPARE && seq.hashes.capacity() > 0 {
+            let mut h = std::mem::take(&mut seq.hashes);
+            h.clear();
+            self.hashes.push(h);
+        }
+        if !real && self.blocks.len() < MAX_SPARE && seq.blocks.is_empty() {
+            self.blocks.push(std::mem::take(&mut seq.blocks));
+        }
+    }
 }
 
 impl Instance {
@@ -286,6 +318,7 @@ impl Instance {
             real: backend.real(),
             outputs: Vec::new(),
             first_logits: Vec::new(),
+            spare: Spare::default(),
             backend,
         }
     }
@@ -324,7 +357,7 @@ impl Instance {
             ctx.send(self.router, Msg::Rejected(req, self.index), 8);
             return;
         }
-        let mut hashes = Vec::new();
+        let mut hashes = self.spare.hashes.pop().unwrap_or_default();
         if self.look_in_gpu || self.store.is_some() {
             // One hash per full prompt block: made once, never grown.
             hashes.reserve_exact((r.prompt_tokens / self.cfg.block_size) as usize);
@@ -338,7 +371,7 @@ impl Instance {
             generated: 0,
             computed: 0,
             scheduled: 0,
-            blocks: Blocks::new(),
+            blocks: self.spare.blocks.pop().unwrap_or_else(Blocks::new),
             hashes,
             registered: 0,
             done: false,
@@ -731,7 +764,13 @@ impl Instance {
             );
         }
         if finished {
-            self.running.retain(|s| !s.done);
+            let (spare, real) = (&mut self.spare, self.real);
+            self.running.retain_mut(|s| {
+                if s.done {
+                    spare.keep(s, real);
+                }
+                !s.done
+            });
         }
         self.step(ctx);
     }
