@@ -159,10 +159,16 @@ impl<M> Kernel<M> {
         self.seed
     }
     /// The target of the earliest pending event (the next one, unless an earlier one is
-    /// scheduled first).
+    /// scheduled first). Asks the processor for that event's message slot too, which its pop
+    /// reads and empties (a cache hint: see [`crate::sim::prefetch`]).
     pub fn next_target(&self) -> Option<ActorId> {
         let key = self.heap.first()?;
-        Some(self.targets[key.slot()])
+        let slot = key.slot();
+        crate::sim::prefetch::bytes(
+            self.slots.as_ptr().wrapping_add(slot).cast(),
+            std::mem::size_of::<Option<M>>(),
+        );
+        Some(self.targets[slot])
     }
 
     /// Schedules `msg` for `target` at `time` (never before now).
