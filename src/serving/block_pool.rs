@@ -89,10 +89,6 @@ struct Piece {
 }
 
 impl Blocks {
-    pub fn new() -> Blocks {
-        Blocks::default()
-    }
-
     pub fn len(&self) -> usize {
         self.n as usize
     }
@@ -923,7 +919,7 @@ mod tests {
     #[test]
     fn registered_blocks_are_found_after_release_until_evicted_lru_first() {
         let mut pool = BlockPool::new(4, true, true);
-        let mut a = Blocks::new();
+        let mut a = Blocks::default();
         assert!(pool.allocate(2, &mut a));
         pool.register_all(&mut a, &[10, 11], 0);
         let a_ids = a.ids().to_vec();
@@ -931,12 +927,12 @@ mod tests {
         assert!(a.is_empty());
         assert_eq!(pool.longest_cached_prefix(&[10, 11, 12]), (2, 2));
 
-        let mut b = Blocks::new();
+        let mut b = Blocks::default();
         assert!(pool.allocate(2, &mut b));
         pool.register_all(&mut b, &[20, 21], 0);
         pool.release(&mut b);
         // Free queue, LRU first: [a1, a0, b1, b0] (each sequence releases last block first).
-        let mut c = Blocks::new();
+        let mut c = Blocks::default();
         assert!(pool.allocate(1, &mut c));
         assert_eq!(c.ids(), [a_ids[1]]);
         assert_eq!(pool.stats.evictions, 1);
@@ -948,7 +944,7 @@ mod tests {
     #[test]
     fn a_hit_takes_the_block_out_of_the_free_queue_and_makes_it_recent() {
         let mut pool = BlockPool::new(3, true, true);
-        let mut a = Blocks::new();
+        let mut a = Blocks::default();
         assert!(pool.allocate(3, &mut a));
         pool.register_all(&mut a, &[100, 101, 102], 0);
         let a = {
@@ -956,13 +952,13 @@ mod tests {
             pool.release(&mut a);
             ids
         };
-        let mut held = Blocks::new();
+        let mut held = Blocks::default();
         pool.take_cached(&[100], &mut held);
         assert_eq!(held.ids(), [a[0]]);
         assert_eq!(pool.free_blocks(), 2);
         pool.release(&mut held);
         // a0 is now the most recent: the next two allocations evict a2 then a1.
-        let mut fresh = Blocks::new();
+        let mut fresh = Blocks::default();
         assert!(pool.allocate(2, &mut fresh));
         assert_eq!(fresh.ids(), [a[2], a[1]]);
         assert_eq!(pool.longest_cached_prefix(&[100, 101]), (1, 1));
@@ -972,7 +968,7 @@ mod tests {
     #[test]
     fn allocation_is_all_or_nothing_and_capacity_is_never_exceeded() {
         let mut pool = BlockPool::new(4, false, true);
-        let mut a = Blocks::new();
+        let mut a = Blocks::default();
         assert!(pool.allocate(3, &mut a));
         assert!(!pool.allocate(2, &mut a));
         assert_eq!(a.len(), 3);
@@ -988,12 +984,12 @@ mod tests {
     fn the_cache_hint_names_the_head_run_once_no_block_is_untouched() {
         use crate::actor::Hot;
         let mut pool = BlockPool::new(4, true, false);
-        let mut a = Blocks::new();
+        let mut a = Blocks::default();
         assert!(pool.allocate(2, &mut a));
         pool.release(&mut a);
         // Untouched blocks are taken first: no run is read by the next allocation.
         assert_eq!(pool.hint(Hot::default()), Hot::default());
-        let mut b = Blocks::new();
+        let mut b = Blocks::default();
         assert!(pool.allocate(2, &mut b));
         let head = &pool.runs[pool.head as usize];
         let h = pool.hint(Hot::default());
@@ -1005,13 +1001,13 @@ mod tests {
     #[test]
     fn untouched_blocks_head_the_free_queue_in_id_order() {
         let mut pool = BlockPool::new(5, true, true);
-        let mut a = Blocks::new();
+        let mut a = Blocks::default();
         assert!(pool.allocate(2, &mut a));
         assert_eq!(a.ids(), [0, 1]);
         assert_eq!(pool.touched, 2);
         pool.release(&mut a);
         // Free queue: the untouched 2, 3, 4, then a1, a0 (released last block first).
-        let mut b = Blocks::new();
+        let mut b = Blocks::default();
         assert!(pool.allocate(5, &mut b));
         assert_eq!(b.ids(), [2, 3, 4, 1, 0]);
         pool.check().unwrap();
@@ -1023,10 +1019,10 @@ mod tests {
     #[test]
     fn without_caching_released_blocks_are_reused_first_and_untouched_ones_after() {
         let mut pool = BlockPool::new(4, false, true);
-        let mut a = Blocks::new();
+        let mut a = Blocks::default();
         assert!(pool.allocate(2, &mut a));
         pool.release(&mut a);
-        let mut b = Blocks::new();
+        let mut b = Blocks::default();
         assert!(pool.allocate(3, &mut b));
         assert_eq!(b.ids(), [0, 1, 2]);
         assert_eq!(pool.free_blocks(), 1);
@@ -1040,10 +1036,10 @@ mod tests {
     fn the_check_finds_each_kind_of_broken_pool() {
         for keep_ids in [true, false] {
             let mut pool = BlockPool::new(8, true, keep_ids);
-            let mut a = Blocks::new();
+            let mut a = Blocks::default();
             assert!(pool.allocate(4, &mut a));
             pool.register_all(&mut a, &[1, 2, 3, 4], 0);
-            let mut b = Blocks::new();
+            let mut b = Blocks::default();
             pool.take_cached(&[1, 2], &mut b);
             pool.release(&mut a);
             // Segment 0 holds 1..4, held to 2 by `b`; its positions 2 and 3 are one run.
@@ -1076,7 +1072,7 @@ mod tests {
     fn a_run_that_is_never_emptied_stays_as_small_as_its_blocks() {
         for keep_ids in [true, false] {
             let mut pool = BlockPool::new(4, true, keep_ids);
-            let mut a = Blocks::new();
+            let mut a = Blocks::default();
             assert!(pool.allocate(4, &mut a));
             pool.release(&mut a);
             // One unregistered block taken from the head of the only run and given back to
@@ -1095,10 +1091,10 @@ mod tests {
     #[test]
     fn shared_blocks_are_freed_only_by_their_last_holder() {
         let mut pool = BlockPool::new(2, true, true);
-        let mut a = Blocks::new();
+        let mut a = Blocks::default();
         assert!(pool.allocate(1, &mut a));
         pool.register_all(&mut a, &[7], 0);
-        let mut b = Blocks::new();
+        let mut b = Blocks::default();
         pool.take_cached(&[7], &mut b);
         pool.release(&mut a);
         assert_eq!(pool.free_blocks(), 1);
@@ -1236,7 +1232,7 @@ mod tests {
                         let (hits, free) = pool.longest_cached_prefix(&hashes);
                         assert_eq!((hits, free), model.longest_cached_prefix(&hashes), "{at}");
                         assert_eq!((hits, free), count.longest_cached_prefix(&hashes), "{at}");
-                        let (mut a, mut c, mut b) = (Blocks::new(), Blocks::new(), Vec::new());
+                        let (mut a, mut c, mut b) = (Blocks::default(), Blocks::default(), Vec::new());
                         pool.take_cached(&hashes[..hits as usize], &mut a);
                         count.take_cached(&hashes[..hits as usize], &mut c);
                         model.take_cached(&hashes[..hits as usize], &mut b);

@@ -371,7 +371,7 @@ impl Instance {
             generated: 0,
             computed: 0,
             scheduled: 0,
-            blocks: self.spare.blocks.pop().unwrap_or_else(Blocks::new),
+            blocks: self.spare.blocks.pop().unwrap_or_default(),
             hashes,
             registered: 0,
             done: false,

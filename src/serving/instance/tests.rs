@@ -666,3 +666,43 @@ fn its_cache_hint_names_the_running_sequences_and_the_backend_as_the_batch_chang
     assert_eq!(most, 3, "all three ran together");
     assert!(i.running.is_empty() && i.violations.is_empty());
 }
+
+#[test]
+fn finished_requests_leave_at_most_max_spare_buffers_and_the_next_request_reuses_one() {
+    // Six 64-token prompts finish together; a seventh comes after them.
+    let t = trace(&[64; 7], 2);
+    let mut s = script();
+    let mut i = instance(t.clone(), Arc::new(LocalPrefix), 100, 1024, &s);
+    for r in 0..6 {
+        i.handle(Msg::Submit(ReqId(r)), &mut s);
+    }
+    drain(&mut i, &mut s);
+    assert_eq!(s.done.len(), 6);
+    assert_eq!(i.spare.hashes.len(), MAX_SPARE);
+    assert_eq!(i.spare.blocks.len(), MAX_SPARE);
+    assert!(
+        i.spare
+            .hashes
+            .iter()
+            .all(|h| h.is_empty() && h.capacity() >= 4)
+    );
+    let reused = i.spare.hashes.last().unwrap().as_ptr();
+    i.handle(Msg::Submit(ReqId(6)), &mut s);
+    assert_eq!(i.spare.hashes.len(), MAX_SPARE - 1);
+    let seq = &i.running[0];
+    assert_eq!(
+        seq.hashes.as_ptr(),
+        reused,
+        "the buffer is reused, not a new one"
+    );
+    let mut want = Vec::new();
+    t.block_hashes(ReqId(6), 16, &mut want);
+    assert_eq!(
+        seq.hashes, want,
+        "and holds exactly the new prompt's hashes"
+    );
+    drain(&mut i, &mut s);
+    assert_eq!(s.done.len(), 7);
+    assert_eq!(i.spare.hashes.len(), MAX_SPARE);
+    i.pool.check().unwrap();
+}
