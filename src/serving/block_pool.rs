@@ -1232,7 +1232,8 @@ mod tests {
                         let (hits, free) = pool.longest_cached_prefix(&hashes);
                         assert_eq!((hits, free), model.longest_cached_prefix(&hashes), "{at}");
                         assert_eq!((hits, free), count.longest_cached_prefix(&hashes), "{at}");
-                        let (mut a, mut c, mut b) = (Blocks::default(), Blocks::default(), Vec::new());
+                        let (mut a, mut c, mut b) =
+                            (Blocks::default(), Blocks::default(), Vec::new());
                         pool.take_cached(&hashes[..hits as usize], &mut a);
                         count.take_cached(&hashes[..hits as usize], &mut c);
                         model.take_cached(&hashes[..hits as usize], &mut b);
