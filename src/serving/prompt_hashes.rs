@@ -183,6 +183,49 @@ mod tests {
     use crate::workload::{Request, TokenArena};
 
     #[test]
+    fn a_chain_of_another_list_under_the_same_key_is_not_used() {
+        // Two prompts, [a, q] and [b, q]. The memo holds [b]'s chain under the key of [a], as
+        // a collision of the two lists' keys would leave it: asked for [a, q], it must not
+        // use that chain.
+        let mut arena = TokenArena::default();
+        let a = arena.push(0..40);
+        let b = arena.push(500..540);
+        let q = arena.push(900..910);
+        let requests = [vec![a, q], vec![b, q]]
+            .into_iter()
+            .map(|segs| Request {
+                arrival: Nanos::ZERO,
+                prompt_tokens: segs.iter().map(|&s| arena.len(s) as u32).sum(),
+                segments: segs,
+                output_tokens: 1,
+                context: 0,
+            })
+            .collect();
+        let trace = Arc::new(Trace {
+            requests,
+            arena,
+            contexts: 2,
+        });
+        let memo = PromptHashes::new(trace.clone());
+        let (mut want, mut got) = (Vec::new(), Vec::new());
+        memo.block_hashes(ReqId(1), 16, &mut got);
+        {
+            let mut m = memo.memo.lock().unwrap();
+            let chain = m.chains.remove(&memo_key(16, &[b])).unwrap();
+            assert_eq!(chain.leading, [b]);
+            m.chains.insert(memo_key(16, &[a]), chain);
+        }
+        memo.block_hashes(ReqId(0), 16, &mut got);
+        trace.block_hashes(ReqId(0), 16, &mut want);
+        assert_eq!(got, want);
+        // The colliding entry was replaced by [a]'s own chain, and the count of hashes held
+        // follows: [a]'s 2 full blocks.
+        let m = memo.memo.lock().unwrap();
+        assert_eq!(m.chains[&memo_key(16, &[a])].leading, [a]);
+        assert_eq!(m.hashes, 2);
+    }
+
+    #[test]
     fn memoised_hashes_are_the_traces_for_every_block_size_and_segment_split() {
         let mut arena = TokenArena::default();
         let system = arena.push(0..5);
