@@ -182,16 +182,9 @@ mod tests {
     use crate::units::Nanos;
     use crate::workload::{Request, TokenArena};
 
-    #[test]
-    fn a_chain_of_another_list_under_the_same_key_is_not_used() {
-        // Two prompts, [a, q] and [b, q]. The memo holds [b]'s chain under the key of [a], as
-        // a collision of the two lists' keys would leave it: asked for [a, q], it must not
-        // use that chain.
-        let mut arena = TokenArena::default();
-        let a = arena.push(0..40);
-        let b = arena.push(500..540);
-        let q = arena.push(900..910);
-        let requests = [vec![a, q], vec![b, q]]
+    /// A trace of one request per prompt (a list of segments of `arena`).
+    fn trace_of(arena: TokenArena, prompts: Vec<Vec<SegId>>) -> Arc<Trace> {
+        let requests = prompts
             .into_iter()
             .map(|segs| Request {
                 arrival: Nanos::ZERO,
@@ -201,11 +194,23 @@ mod tests {
                 context: 0,
             })
             .collect();
-        let trace = Arc::new(Trace {
+        Arc::new(Trace {
             requests,
             arena,
             contexts: 2,
-        });
+        })
+    }
+
+    #[test]
+    fn a_chain_of_another_list_under_the_same_key_is_not_used() {
+        // Two prompts, [a, q] and [b, q]. The memo holds [b]'s chain under the key of [a], as
+        // a collision of the two lists' keys would leave it: asked for [a, q], it must not
+        // use that chain.
+        let mut arena = TokenArena::default();
+        let a = arena.push(0..40);
+        let b = arena.push(500..540);
+        let q = arena.push(900..910);
+        let trace = trace_of(arena, vec![vec![a, q], vec![b, q]]);
         let memo = PromptHashes::new(trace.clone());
         let (mut want, mut got) = (Vec::new(), Vec::new());
         memo.block_hashes(ReqId(1), 16, &mut got);
@@ -234,28 +239,16 @@ mod tests {
         let questions: Vec<SegId> = (0..4)
             .map(|i| arena.push(1000 * i..1000 * i + 9 * i))
             .collect();
-        let mut requests = Vec::new();
-        for (i, &q) in questions.iter().enumerate() {
-            for segs in [
+        let mut prompts = Vec::new();
+        for &q in &questions {
+            prompts.extend([
                 vec![system, ctx_a, q],
                 vec![system, ctx_b, ctx_a, q],
                 vec![q],
                 vec![ctx_b, q],
-            ] {
-                requests.push(Request {
-                    arrival: Nanos(i as u64),
-                    prompt_tokens: segs.iter().map(|&s| arena.len(s) as u32).sum(),
-                    segments: segs,
-                    output_tokens: 1,
-                    context: 0,
-                });
-            }
+            ]);
         }
-        let trace = Arc::new(Trace {
-            requests,
-            arena,
-            contexts: 2,
-        });
+        let trace = trace_of(arena, prompts);
         let memo = PromptHashes::new(trace.clone());
         let (mut want, mut got) = (Vec::new(), Vec::new());
         for block_size in [1, 4, 5, 16, 64] {
