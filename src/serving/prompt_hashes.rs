@@ -13,9 +13,9 @@
 //! (one probe; an ordered map keyed by the lists compared a list at every node it passed, each
 //! one a cache miss once the memo outgrew the caches). An entry keeps its list, so a
 //! colliding list is told apart and replaces it. The memo is bounded: when it holds more than
-//! [`MEMO_HASHES`] hashes it is emptied and filled again as prompts come. It only ever saves work, so its contents never change a
-//! result. One memo serves every actor of a simulation (a lock that is never contended: a
-//! simulation runs on one thread).
+//! [`MEMO_HASHES`] hashes it is emptied and filled again as prompts come. It only ever saves
+//! work, so its contents never change a result. One memo serves every actor of a simulation
+//! (a lock that is never contended: a simulation runs on one thread).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
