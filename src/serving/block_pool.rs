@@ -18,8 +18,11 @@
 //! registered blocks in *segments* instead, and does its work per segment:
 //!
 //! - A segment is a run of registered blocks at consecutive chain positions, registered by
-//!   sequences that each held the whole run before them: its hashes and block ids, in
-//!   position order, in two arrays. A prompt registers its blocks in order, so its new blocks
+//!   sequences that each held the whole run before them: its block ids in position order,
+//!   and its hashes, which are those of the chain of the sequence that registered its last
+//!   block at the same positions. So a segment keeps that chain (a [`ChainHashes`], whose
+//!   arrays it shares with the request and the other pools that hold them) and its length,
+//!   and copies no hash: registering a block is a count. A prompt registers its blocks in order, so its new blocks
 //!   extend the segment it holds the end of, or start a new one (after a block whose hash
 //!   another block held, or where a held segment goes on with other hashes). Only a
 //!   segment's first hash is in the hash index ([`BlockIndex`], a few entries per prompt).
@@ -41,26 +44,27 @@
 //! have ids: a sequence's [`Blocks`] list them in prompt order, segments and runs keep theirs,
 //! and they are the ones the obvious pool hands out. A simulated backend never reads them,
 //! and which free block an allocation gets is then unobservable (only which hashes stay
-//! registered is), so a simulation's pool keeps no ids at all: blocks are counted, and per
-//! block only a segment's hashes are copied (which streams). The differential test runs a
+//! registered is), so a simulation's pool keeps no ids at all: blocks are counted. The differential test runs a
 //! counting pool in lockstep with the one with ids and the obvious one.
 //!
 //! **Memory.** A pool starts with every block free and untouched, in id order at the head of
 //! the queue; nothing is ever queued ahead of an untouched block, so they are kept implicitly
-//! (ids from `touched` to `num_blocks`), and a pool costs memory for what it registered (8
-//! bytes a registered block, 12 with ids) and its runs, not for the KV memory of its GPU (a cluster of
-//! 2,240 GPUs has 26 M blocks). Without caching, no block carries a hash or is shared, so
+//! (ids from `touched` to `num_blocks`), and a pool costs memory for its segments and runs (4
+//! bytes a registered block with ids; the hash arrays its segments share are those of at
+//! most one chain each), not for the KV memory of its GPU (a cluster of 2,240 GPUs has 26 M
+//! blocks). Without caching, no block carries a hash or is shared, so
 //! which free block an allocation gets changes nothing that can be observed: free blocks with
 //! ids then sit on a stack (the most recently released taken first), and a counting pool
 //! keeps only its count of free blocks.
 
 use super::block_index::BlockIndex;
+use super::prompt_hashes::ChainHashes;
 use crate::metrics::PoolStats;
 
 pub type BlockId = u32;
 /// No run, segment or block.
 const NONE: u32 = u32::MAX;
-/// Most blocks an unused segment slot keeps room for (a SQuAD prompt is 258 blocks).
+/// Most block ids an unused segment slot keeps room for (a SQuAD prompt is 258 blocks).
 const KEEP_BLOCKS: usize = 4096;
 /// Most block ids an unused run keeps room for (a run of a sequence's own blocks is mostly
 /// its last prompt block and its decode blocks).
@@ -128,7 +132,10 @@ impl Blocks {
 struct Seg {
     /// Chain position of its first block.
     start: u32,
-    hashes: Vec<u64>,
+    /// Its blocks (positions `0..len`).
+    len: u32,
+    /// The chain its hashes are positions `start..start + len` of.
+    chain: ChainHashes,
     ids: Vec<BlockId>,
     /// Its holders' prefix lengths, ascending.
     holders: Vec<u32>,
@@ -143,18 +150,34 @@ struct Seg {
 
 impl Seg {
     /// An unused slot.
-    const EMPTY: Seg = Seg {
-        start: 0,
-        hashes: Vec::new(),
-        ids: Vec::new(),
-        holders: Vec::new(),
-        free_from: 0,
-        top: NONE,
-        low: NONE,
-    };
+    fn empty() -> Seg {
+        Seg {
+            start: 0,
+            len: 0,
+            chain: ChainHashes::default(),
+            ids: Vec::new(),
+            holders: Vec::new(),
+            free_from: 0,
+            top: NONE,
+            low: NONE,
+        }
+    }
 
     fn len(&self) -> u32 {
-        self.hashes.len() as u32
+        self.len
+    }
+
+    /// The hash of position `p` (below its length).
+    #[inline]
+    fn hash(&self, p: u32) -> u64 {
+        debug_assert!(p < self.len);
+        self.chain.get((self.start + p) as usize)
+    }
+
+    /// The hash of position `p`, if it has one.
+    #[inline]
+    fn get(&self, p: u32) -> Option<u64> {
+        (p < self.len).then(|| self.hash(p))
     }
 }
 
@@ -264,12 +287,12 @@ impl BlockPool {
     /// Number of registered blocks (in use or free).
     #[cfg(test)]
     pub fn cached_blocks(&self) -> usize {
-        self.live_segs().map(|(_, s)| s.hashes.len()).sum()
+        self.live_segs().map(|(_, s)| s.len as usize).sum()
     }
 
     fn live_segs(&self) -> impl Iterator<Item = (u32, &Seg)> {
         (self.segs.iter().enumerate())
-            .filter(|(_, s)| !s.hashes.is_empty())
+            .filter(|(_, s)| s.len > 0)
             .map(|(i, s)| (i as u32, s))
     }
 
@@ -287,7 +310,7 @@ impl BlockPool {
     /// Segment `s`'s first hash (`None` once it has no block: an index slot naming it is
     /// stale).
     fn first_hash(&self, s: u32) -> Option<u64> {
-        self.segs[s as usize].hashes.first().copied()
+        self.segs[s as usize].get(0)
     }
 
     /// The segment that starts with hash `h`.
@@ -311,24 +334,27 @@ impl BlockPool {
         }
     }
 
-    /// The segment a prompt's chain (`hashes`, from its first block) enters at position `at`
-    /// (the segment that starts with `hashes[at]`), and how many of the hashes from there it
-    /// holds: the hashes part where one differs, and a hash names its whole prefix, so the
-    /// agreeing positions are a prefix (found by one comparison at the far end, or else a
-    /// binary search).
-    fn step(&self, hashes: &[u64], at: usize) -> Option<(u32, u32)> {
-        let s = self.starting_at(at, *hashes.get(at)?)?;
-        let hashes = &hashes[at..];
+    /// The segment the first `upto` blocks of a prompt's chain (`hashes`, from its first
+    /// block) enter at position `at` (the segment that starts with hash `at`), and how many
+    /// of the hashes from there it holds: the hashes part where one differs, and a hash names
+    /// its whole prefix, so the agreeing positions are a prefix (found by one comparison at
+    /// the far end, or else a binary search).
+    fn step(&self, hashes: &ChainHashes, upto: usize, at: usize) -> Option<(u32, u32)> {
+        if at >= upto {
+            return None;
+        }
+        let s = self.starting_at(at, hashes.get(at))?;
         let seg = &self.segs[s as usize];
-        let m = hashes.len().min(seg.hashes.len());
-        if seg.hashes[m - 1] == hashes[m - 1] {
+        let m = (upto - at).min(seg.len as usize);
+        let agrees = |p: usize| seg.hash(p as u32) == hashes.get(at + p);
+        if agrees(m - 1) {
             return Some((s, m as u32));
         }
         // Position 0 agrees and m - 1 does not.
         let (mut yes, mut no) = (0, m - 1);
         while no - yes > 1 {
             let mid = (yes + no) / 2;
-            if seg.hashes[mid] == hashes[mid] {
+            if agrees(mid) {
                 yes = mid;
             } else {
                 no = mid;
@@ -337,30 +363,32 @@ impl BlockPool {
         Some((s, no as u32))
     }
 
-    /// The longest run of leading `hashes` (a prompt's chain, from its first block) that are
-    /// registered, and how many of those are free.
-    pub fn longest_cached_prefix(&self, hashes: &[u64]) -> (u32, u32) {
+    /// The longest run of the first `upto` of `hashes` (a prompt's chain, from its first
+    /// block) that are registered, and how many of those are free.
+    pub fn longest_cached_prefix(&self, hashes: &ChainHashes, upto: usize) -> (u32, u32) {
         if !self.caching {
             return (0, 0);
         }
+        let upto = upto.min(hashes.len());
         let (mut hits, mut free) = (0, 0);
         // Bounded: every step moves on by at least one hash.
-        while let Some((s, k)) = self.step(hashes, hits as usize) {
+        while let Some((s, k)) = self.step(hashes, upto, hits as usize) {
             hits += k;
             free += k.saturating_sub(self.segs[s as usize].free_from);
         }
         (hits, free)
     }
 
-    /// Takes a reference on the blocks registered under `hashes` (a prompt's chain from its
-    /// first block; all must be registered) and appends them to `blocks`, which must hold
-    /// none yet.
-    pub fn take_cached(&mut self, hashes: &[u64], blocks: &mut Blocks) {
+    /// Takes a reference on the blocks registered under the first `upto` of `hashes` (a
+    /// prompt's chain from its first block; all must be registered) and appends them to
+    /// `blocks`, which must hold none yet.
+    pub fn take_cached(&mut self, hashes: &ChainHashes, upto: usize, blocks: &mut Blocks) {
         assert!(blocks.is_empty(), "hits come first");
+        assert!(upto <= hashes.len(), "hashes for every block taken");
         let mut at = 0;
-        while at < hashes.len() {
+        while at < upto {
             let (s, k) = self
-                .step(hashes, at)
+                .step(hashes, upto, at)
                 .expect("take_cached takes registered blocks");
             self.hold(s, k);
             let seg = &self.segs[s as usize];
@@ -375,7 +403,7 @@ impl BlockPool {
             blocks.n += k;
             at += k as usize;
         }
-        self.stats.hit_blocks += hashes.len() as u64;
+        self.stats.hit_blocks += upto as u64;
     }
 
     /// A new holder of segment `s`'s first `k` positions: those that were free leave the
@@ -458,7 +486,7 @@ impl BlockPool {
                     out.extend(seg.ids[kept..].iter().rev());
                     seg.ids.truncate(kept);
                 }
-                seg.hashes.truncate(kept);
+                seg.len = kept as u32;
                 self.stats.evictions += c as u64;
                 if kept == 0 {
                     // Its last run goes with it, and its index slot is stale from now on.
@@ -466,8 +494,10 @@ impl BlockPool {
                     let seg = &mut self.segs[s as usize];
                     self.starts[seg.start as usize] -= 1;
                     debug_assert!(seg.holders.is_empty(), "only a free segment is evicted");
-                    if seg.hashes.capacity() > KEEP_BLOCKS {
-                        (seg.hashes, seg.ids) = (Vec::new(), Vec::new());
+                    // It lets go of its chain's arrays.
+                    seg.chain = ChainHashes::default();
+                    if seg.ids.capacity() > KEEP_BLOCKS {
+                        seg.ids = Vec::new();
                     }
                     self.unused_segs.push(s);
                     continue;
@@ -628,23 +658,30 @@ impl BlockPool {
         self.unused_runs.push(r);
     }
 
-    /// Registers the sequence's blocks under `hashes[i]` (its prompt's chain from its first
-    /// block) for every `i` from `from` on, once their KV is computed. A block whose hash
-    /// another block holds already stays unregistered (that one holds identical KV). Each
-    /// block extends the segment whose last block is the sequence's block before it, or
-    /// starts a segment.
-    pub fn register_all(&mut self, blocks: &mut Blocks, hashes: &[u64], from: usize) {
+    /// Registers the sequence's blocks under `hashes.get(i)` (its prompt's chain from its
+    /// first block) for every `i` from `from` to `upto`, once their KV is computed. A block
+    /// whose hash another block holds already stays unregistered (that one holds identical
+    /// KV). Each block extends the segment whose last block is the sequence's block before
+    /// it, or starts a segment.
+    pub fn register_all(
+        &mut self,
+        blocks: &mut Blocks,
+        hashes: &ChainHashes,
+        upto: usize,
+        from: usize,
+    ) {
         if !self.caching {
             return;
         }
-        assert!(hashes.len() <= blocks.len(), "a hash for every block");
+        assert!(upto <= hashes.len(), "a hash for every block registered");
+        assert!(upto <= blocks.len(), "a block for every hash");
         // Blocks before the sequence's registered end are registered already.
         let from = from.max(blocks.registered_end());
         let (mut prev, mut own) = self.owner_before(blocks, hashes, from);
         let mut i = from;
         // Bounded: every pass registers a block at least, or moves on by one.
-        while i < hashes.len() {
-            let h = hashes[i];
+        while i < upto {
+            let h = hashes.get(i);
             if let Some(x) = self.find(prev, i, h) {
                 (prev, own) = (Some(x), false);
                 i += 1;
@@ -652,18 +689,21 @@ impl BlockPool {
             }
             let (s, fresh) = match prev {
                 Some((s, p)) if own && p + 1 == self.segs[s as usize].len() => (s, false),
-                _ => (self.new_seg(i, hashes.len() - i), true),
+                _ => (self.new_seg(i, upto - i), true),
             };
             // The sequence holds the whole segment `s` and extends it with block `i`, and
             // with the blocks after it up to the next position a segment starts at: the hash
             // of such a block can be in no other segment (it would be at `s`'s next position,
             // past its end, or start a segment there).
-            let j = (i + 1..hashes.len())
-                .find(|&j| self.starts_at(j))
-                .unwrap_or(hashes.len());
+            let j = (i + 1..upto).find(|&j| self.starts_at(j)).unwrap_or(upto);
             let k = (j - i) as u32;
             let seg = &mut self.segs[s as usize];
-            seg.hashes.extend_from_slice(&hashes[i..j]);
+            // Holding the whole segment, the sequence's chain agrees with it at its positions,
+            // so its chain serves as the segment's from now on.
+            if !seg.chain.same_arrays(hashes) {
+                seg.chain = hashes.clone();
+            }
+            seg.len += k;
             if self.keep_ids {
                 seg.ids.extend_from_slice(&blocks.ids[i..j]);
             }
@@ -692,7 +732,7 @@ impl BlockPool {
     /// `at` is `h`'s chain position.
     fn find(&self, prev: Option<(u32, u32)>, at: usize, h: u64) -> Option<(u32, u32)> {
         if let Some((s, p)) = prev
-            && self.segs[s as usize].hashes.get(p as usize + 1) == Some(&h)
+            && self.segs[s as usize].get(p + 1) == Some(h)
         {
             return Some((s, p + 1));
         }
@@ -706,7 +746,7 @@ impl BlockPool {
     fn owner_before(
         &self,
         blocks: &Blocks,
-        hashes: &[u64],
+        hashes: &ChainHashes,
         from: usize,
     ) -> (Option<(u32, u32)>, bool) {
         if from == 0 {
@@ -719,7 +759,7 @@ impl BlockPool {
         if start == from {
             return (at, true);
         }
-        let found = (start..from).fold(at, |prev, i| self.find(prev, i, hashes[i]));
+        let found = (start..from).fold(at, |prev, i| self.find(prev, i, hashes.get(i)));
         (found, false)
     }
 
@@ -729,7 +769,7 @@ impl BlockPool {
         let s = match self.unused_segs.pop() {
             Some(s) => s,
             None => {
-                self.segs.push(Seg::EMPTY);
+                self.segs.push(Seg::empty());
                 self.segs.len() as u32 - 1
             }
         };
@@ -739,8 +779,7 @@ impl BlockPool {
         self.starts[start] += 1;
         // An unused slot keeps the room of its arrays (see `allocate`).
         let seg = &mut self.segs[s as usize];
-        debug_assert!(seg.hashes.is_empty() && seg.holders.is_empty());
-        seg.hashes.reserve(most);
+        debug_assert!(seg.len == 0 && seg.holders.is_empty());
         if self.keep_ids {
             seg.ids.reserve(most);
         }
@@ -751,7 +790,7 @@ impl BlockPool {
     /// Indexes segment `s`, which holds its first block now.
     fn index_seg(&mut self, s: u32) {
         let segs = &self.segs;
-        let first = |x: u32| segs[x as usize].hashes.first().copied();
+        let first = |x: u32| segs[x as usize].get(0);
         let h = first(s).expect("a segment with a block");
         self.index.make_room(first);
         let new = self.index.insert_new(h, s, first);
@@ -826,7 +865,8 @@ impl BlockPool {
         }
         let mut held = std::collections::HashMap::new();
         for (s, seg) in self.live_segs() {
-            if (self.keep_ids && seg.ids.len() != seg.hashes.len())
+            if (self.keep_ids && seg.ids.len() != seg.len as usize)
+                || seg.chain.len() < (seg.start + seg.len) as usize
                 || !seg.holders.is_sorted()
                 || seg.free_from != seg.holders.last().copied().unwrap_or(0)
                 || seg.free_from > seg.len()
@@ -851,12 +891,12 @@ impl BlockPool {
             for &b in &seg.ids {
                 mark(b, "registered")?;
             }
-            for &h in &seg.hashes {
+            for h in (0..seg.len).map(|p| seg.hash(p)) {
                 if let Some(other) = held.insert(h, s) {
                     return Err(format!("segments {other} and {s} both hold {h:#x}"));
                 }
             }
-            if self.starting(seg.hashes[0]) != Some(s) {
+            if self.starting(seg.hash(0)) != Some(s) {
                 return Err(format!("the index does not find segment {s}"));
             }
         }
@@ -916,28 +956,33 @@ impl BlockPool {
 mod tests {
     use super::*;
 
+    /// A chain of its own.
+    fn ch(hashes: &[u64]) -> ChainHashes {
+        ChainHashes::from(hashes.to_vec())
+    }
+
     #[test]
     fn registered_blocks_are_found_after_release_until_evicted_lru_first() {
         let mut pool = BlockPool::new(4, true, true);
         let mut a = Blocks::default();
         assert!(pool.allocate(2, &mut a));
-        pool.register_all(&mut a, &[10, 11], 0);
+        pool.register_all(&mut a, &ch(&[10, 11]), 2, 0);
         let a_ids = a.ids().to_vec();
         pool.release(&mut a);
         assert!(a.is_empty());
-        assert_eq!(pool.longest_cached_prefix(&[10, 11, 12]), (2, 2));
+        assert_eq!(pool.longest_cached_prefix(&ch(&[10, 11, 12]), 3), (2, 2));
 
         let mut b = Blocks::default();
         assert!(pool.allocate(2, &mut b));
-        pool.register_all(&mut b, &[20, 21], 0);
+        pool.register_all(&mut b, &ch(&[20, 21]), 2, 0);
         pool.release(&mut b);
         // Free queue, LRU first: [a1, a0, b1, b0] (each sequence releases last block first).
         let mut c = Blocks::default();
         assert!(pool.allocate(1, &mut c));
         assert_eq!(c.ids(), [a_ids[1]]);
         assert_eq!(pool.stats.evictions, 1);
-        assert_eq!(pool.longest_cached_prefix(&[10, 11]), (1, 1));
-        assert_eq!(pool.longest_cached_prefix(&[20, 21]), (2, 2));
+        assert_eq!(pool.longest_cached_prefix(&ch(&[10, 11]), 2), (1, 1));
+        assert_eq!(pool.longest_cached_prefix(&ch(&[20, 21]), 2), (2, 2));
         pool.check().unwrap();
     }
 
@@ -946,14 +991,14 @@ mod tests {
         let mut pool = BlockPool::new(3, true, true);
         let mut a = Blocks::default();
         assert!(pool.allocate(3, &mut a));
-        pool.register_all(&mut a, &[100, 101, 102], 0);
+        pool.register_all(&mut a, &ch(&[100, 101, 102]), 3, 0);
         let a = {
             let ids = a.ids().to_vec();
             pool.release(&mut a);
             ids
         };
         let mut held = Blocks::default();
-        pool.take_cached(&[100], &mut held);
+        pool.take_cached(&ch(&[100]), 1, &mut held);
         assert_eq!(held.ids(), [a[0]]);
         assert_eq!(pool.free_blocks(), 2);
         pool.release(&mut held);
@@ -961,7 +1006,7 @@ mod tests {
         let mut fresh = Blocks::default();
         assert!(pool.allocate(2, &mut fresh));
         assert_eq!(fresh.ids(), [a[2], a[1]]);
-        assert_eq!(pool.longest_cached_prefix(&[100, 101]), (1, 1));
+        assert_eq!(pool.longest_cached_prefix(&ch(&[100, 101]), 2), (1, 1));
         pool.check().unwrap();
     }
 
@@ -973,7 +1018,7 @@ mod tests {
         assert!(!pool.allocate(2, &mut a));
         assert_eq!(a.len(), 3);
         assert_eq!(pool.free_blocks(), 1);
-        pool.register_all(&mut a, &[1], 0);
+        pool.register_all(&mut a, &ch(&[1]), 1, 0);
         assert_eq!(pool.cached_blocks(), 0, "caching off registers nothing");
         pool.release(&mut a);
         assert_eq!(pool.free_blocks(), 4);
@@ -1038,9 +1083,9 @@ mod tests {
             let mut pool = BlockPool::new(8, true, keep_ids);
             let mut a = Blocks::default();
             assert!(pool.allocate(4, &mut a));
-            pool.register_all(&mut a, &[1, 2, 3, 4], 0);
+            pool.register_all(&mut a, &ch(&[1, 2, 3, 4]), 4, 0);
             let mut b = Blocks::default();
-            pool.take_cached(&[1, 2], &mut b);
+            pool.take_cached(&ch(&[1, 2]), 2, &mut b);
             pool.release(&mut a);
             // Segment 0 holds 1..4, held to 2 by `b`; its positions 2 and 3 are one run.
             pool.check().unwrap();
@@ -1055,7 +1100,9 @@ mod tests {
                 ("a hash held twice", |p| {
                     let s = p.new_seg(3, 4);
                     let id = p.segs[0].ids.last().copied();
-                    p.segs[s as usize].hashes.push(4);
+                    // Position 3 of segment 0's chain: its hash 4.
+                    p.segs[s as usize].chain = ch(&[1, 2, 3, 4]);
+                    p.segs[s as usize].len = 1;
                     p.segs[s as usize].ids.extend(id);
                     p.index_seg(s);
                 }),
@@ -1093,9 +1140,9 @@ mod tests {
         let mut pool = BlockPool::new(2, true, true);
         let mut a = Blocks::default();
         assert!(pool.allocate(1, &mut a));
-        pool.register_all(&mut a, &[7], 0);
+        pool.register_all(&mut a, &ch(&[7]), 1, 0);
         let mut b = Blocks::default();
-        pool.take_cached(&[7], &mut b);
+        pool.take_cached(&ch(&[7]), 1, &mut b);
         pool.release(&mut a);
         assert_eq!(pool.free_blocks(), 1);
         pool.release(&mut b);
@@ -1212,7 +1259,9 @@ mod tests {
             let mut count = BlockPool::new(n, caching, false);
             let mut model = Reference::new(n, caching);
             // Running sequences: their hash chain, blocks held, and blocks registered so far.
-            let mut running: Vec<(Vec<u64>, Blocks, Blocks, usize)> = Vec::new();
+            let mut running: Vec<(ChainHashes, Blocks, Blocks, usize)> = Vec::new();
+            let mut leads: std::collections::HashMap<(u64, usize), std::sync::Arc<[u64]>> =
+                std::collections::HashMap::new();
             for step in 0..600 {
                 let at = format!("seed {seed}, step {step}");
                 match rng.below(4) {
@@ -1223,19 +1272,35 @@ mod tests {
                         let shared = rng.below(24) as usize;
                         let len = 1 + rng.below(30) as usize;
                         let own = rng.next_u64();
-                        let hashes: Vec<u64> = (0..len)
-                            .map(|i| {
-                                let root = if i < shared { context } else { own };
-                                mix64(root ^ mix64(i as u64 + 1))
-                            })
-                            .collect();
-                        let (hits, free) = pool.longest_cached_prefix(&hashes);
+                        let hash = |i: usize| {
+                            let root = if i < shared { context } else { own };
+                            mix64(root ^ mix64(i as u64 + 1))
+                        };
+                        let hashes: Vec<u64> = (0..len).map(hash).collect();
+                        // As the memo gives them: the leading blocks in an array shared by
+                        // every prompt with the same leading part (one prompt in two), the
+                        // rest its own; or all its own.
+                        let chain = if rng.below(2) == 0 {
+                            let lead = leads
+                                .entry((context, shared.min(len)))
+                                .or_insert_with(|| (0..shared.min(len)).map(hash).collect())
+                                .clone();
+                            ChainHashes::from_parts(lead, hashes[shared.min(len)..].to_vec())
+                        } else {
+                            ChainHashes::from(hashes.clone())
+                        };
+                        assert_eq!(chain.to_vec(), hashes);
+                        let (hits, free) = pool.longest_cached_prefix(&chain, len);
                         assert_eq!((hits, free), model.longest_cached_prefix(&hashes), "{at}");
-                        assert_eq!((hits, free), count.longest_cached_prefix(&hashes), "{at}");
+                        assert_eq!(
+                            (hits, free),
+                            count.longest_cached_prefix(&chain, len),
+                            "{at}"
+                        );
                         let (mut a, mut c, mut b) =
                             (Blocks::default(), Blocks::default(), Vec::new());
-                        pool.take_cached(&hashes[..hits as usize], &mut a);
-                        count.take_cached(&hashes[..hits as usize], &mut c);
+                        pool.take_cached(&chain, hits as usize, &mut a);
+                        count.take_cached(&chain, hits as usize, &mut c);
                         model.take_cached(&hashes[..hits as usize], &mut b);
                         let rest = len as u32 - hits;
                         let ok = pool.allocate(rest, &mut a);
@@ -1244,7 +1309,7 @@ mod tests {
                         assert_eq!(a.ids(), b, "{at}: blocks handed out");
                         assert_eq!((a.len(), c.len(), c.ids()), (b.len(), b.len(), &[][..]));
                         if ok {
-                            running.push((hashes, a, c, hits as usize));
+                            running.push((chain, a, c, hits as usize));
                         } else {
                             // As an instance that cannot admit it: give the hits back.
                             pool.release(&mut a);
@@ -1259,12 +1324,12 @@ mod tests {
                         let (hashes, blocks, counted, done) = &mut running[i];
                         let upto =
                             *done + rng.range_inclusive(0, (hashes.len() - *done) as u64) as usize;
-                        pool.register_all(blocks, &hashes[..upto], *done);
-                        count.register_all(counted, &hashes[..upto], *done);
+                        pool.register_all(blocks, hashes, upto, *done);
+                        count.register_all(counted, hashes, upto, *done);
                         assert_eq!(blocks.own(), counted.own(), "{at}");
                         let ids = &blocks.ids()[*done..upto];
-                        for (&b, &h) in ids.iter().zip(&hashes[*done..upto]) {
-                            model.register(b, h);
+                        for (k, &b) in ids.iter().enumerate() {
+                            model.register(b, hashes.get(*done + k));
                         }
                         *done = upto;
                     }

@@ -9,12 +9,21 @@
 //! partial block) is kept under that list of segments, and a prompt is hashed from there:
 //! the result is exactly [`Trace::block_hashes`]'s (a test checks it).
 //!
+//! **Shared, not copied.** A prompt's hashes are a [`ChainHashes`]: the memo's array for its
+//! leading segments, shared, then an array of its own for its last segment's blocks. Every
+//! request with the same leading segments, and every pool segment that registers their
+//! blocks (see [`crate::serving::block_pool`]), holds the same array: at cluster scale, where
+//! a copy of a SQuAD prompt's 2 KiB of hashes per request and per registration was a stream
+//! of cache misses (and the pools' copies hundreds of MiB), the leading hashes are in memory
+//! once per list of segments.
+//!
 //! The memo is a hash map keyed by a 64-bit hash of the block size and the list of segments
 //! (one probe; an ordered map keyed by the lists compared a list at every node it passed, each
 //! one a cache miss once the memo outgrew the caches). An entry keeps its list, so a
 //! colliding list is told apart and replaces it. The memo is bounded: when it holds more than
-//! [`MEMO_HASHES`] hashes it is emptied and filled again as prompts come. It only ever saves
-//! work, so its contents never change a result. One memo serves every actor of a simulation
+//! [`MEMO_HASHES`] hashes it is emptied and filled again as prompts come (the arrays that
+//! requests and pools still hold live on with them, and go with the last of them). It only
+//! ever saves work, so its contents never change a result. One memo serves every actor of a simulation
 //! (a lock that is never contended: a simulation runs on one thread).
 
 use std::collections::HashMap;
@@ -32,7 +41,7 @@ struct Chain {
     /// The block size and the list of segments it is the chain of.
     block_size: usize,
     leading: Vec<SegId>,
-    hashes: Vec<u64>,
+    hashes: Arc<[u64]>,
     parent: u64,
     /// Tokens of the partial block at the end (fewer than a block).
     rest: Vec<u32>,
@@ -43,7 +52,78 @@ struct Memo {
     /// Chains by [`memo_key`] of their block size and list of leading segments.
     chains: HashMap<u64, Chain, IdBuildHasher>,
     hashes: usize,
+    /// Scratch for a prompt's own blocks: its hashes, and the tokens of a partial block.
+    tail: Vec<u64>,
+    block: Vec<u32>,
 }
+
+/// A prompt's chain of block hashes, from its first block: the hashes of its leading
+/// segments' full blocks (`lead`, an array shared by every prompt with those leading
+/// segments), then the rest (`tail`). A clone shares both arrays (see the module doc).
+#[derive(Clone, Debug, Default)]
+pub struct ChainHashes {
+    lead: Arc<[u64]>,
+    tail: Arc<[u64]>,
+}
+
+impl ChainHashes {
+    /// A chain whose first hashes are `lead` (shared) and the rest `tail`.
+    pub fn from_parts(lead: Arc<[u64]>, tail: Vec<u64>) -> ChainHashes {
+        ChainHashes {
+            lead,
+            tail: tail.into(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.lead.len() + self.tail.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The hash of block `i`. Panics if `i` is out of range.
+    #[inline]
+    pub fn get(&self, i: usize) -> u64 {
+        match self.lead.get(i) {
+            Some(&h) => h,
+            None => self.tail[i - self.lead.len()],
+        }
+    }
+
+    /// The hashes in chain order.
+    pub fn iter(&self) -> impl Iterator<Item = u64> + '_ {
+        self.lead.iter().chain(self.tail.iter()).copied()
+    }
+
+    pub fn to_vec(&self) -> Vec<u64> {
+        self.iter().collect()
+    }
+
+    /// Whether `self` and `other` share both arrays (and so hold the same hashes).
+    pub fn same_arrays(&self, other: &ChainHashes) -> bool {
+        Arc::ptr_eq(&self.lead, &other.lead) && Arc::ptr_eq(&self.tail, &other.tail)
+    }
+}
+
+impl From<Vec<u64>> for ChainHashes {
+    /// A chain of its own (nothing shared).
+    fn from(v: Vec<u64>) -> ChainHashes {
+        ChainHashes {
+            lead: Arc::default(),
+            tail: v.into(),
+        }
+    }
+}
+
+impl PartialEq for ChainHashes {
+    fn eq(&self, other: &ChainHashes) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for ChainHashes {}
 
 /// The memo's key for a block size and a list of segments: well mixed, as the map's hasher
 /// takes it as it is.
@@ -71,20 +151,29 @@ impl PromptHashes {
     }
 
     /// Chained hashes of the prompt's full blocks of `block_size` tokens, as
-    /// [`Trace::block_hashes`] gives them.
+    /// [`Trace::block_hashes`] gives them, into `out`.
     pub fn block_hashes(&self, id: ReqId, block_size: usize, out: &mut Vec<u64>) {
+        out.clear();
+        out.extend(self.chain_hashes(id, block_size).iter());
+    }
+
+    /// Chained hashes of the prompt's full blocks of `block_size` tokens, as
+    /// [`Trace::block_hashes`] gives them, sharing the memo's array of its leading segments'
+    /// blocks (see the module doc).
+    pub fn chain_hashes(&self, id: ReqId, block_size: usize) -> ChainHashes {
         let segments = &self.trace.request(id).segments;
         let Some((last, leading)) = segments.split_last() else {
-            out.clear();
-            return;
+            return ChainHashes::default();
         };
         if leading.is_empty() {
-            self.trace.block_hashes(id, block_size, out);
-            return;
+            let mut own = Vec::new();
+            self.trace.block_hashes(id, block_size, &mut own);
+            return ChainHashes::from(own);
         }
         // A poisoned lock only means another simulation's thread panicked; the memo's
         // contents are still valid chains.
         let mut memo = self.memo.lock().unwrap_or_else(|e| e.into_inner());
+        let memo = &mut *memo;
         let key = memo_key(block_size, leading);
         let known = memo
             .chains
@@ -104,20 +193,21 @@ impl PromptHashes {
         }
         // Just made if it was missing.
         let chain = &memo.chains[&key];
-        out.clear();
-        out.extend_from_slice(&chain.hashes);
-        let mut block = Vec::with_capacity(block_size);
-        block.extend_from_slice(&chain.rest);
-        let parent = chain.parent;
-        drop(memo);
+        memo.tail.clear();
+        memo.block.clear();
+        memo.block.extend_from_slice(&chain.rest);
         fold(
             &self.trace,
             std::slice::from_ref(last),
             block_size,
-            parent,
-            &mut block,
-            out,
+            chain.parent,
+            &mut memo.block,
+            &mut memo.tail,
         );
+        ChainHashes {
+            lead: chain.hashes.clone(),
+            tail: Arc::from(memo.tail.as_slice()),
+        }
     }
 
     /// The chain after `segments`, from the start of a prompt.
@@ -135,7 +225,7 @@ impl PromptHashes {
         Chain {
             block_size,
             leading: segments.to_vec(),
-            hashes,
+            hashes: hashes.into(),
             parent,
             rest,
         }
@@ -228,6 +318,38 @@ mod tests {
         let m = memo.memo.lock().unwrap();
         assert_eq!(m.chains[&memo_key(16, &[a])].leading, [a]);
         assert_eq!(m.hashes, 2);
+    }
+
+    #[test]
+    fn prompts_with_the_same_leading_segments_share_one_array_of_their_hashes() {
+        let mut arena = TokenArena::default();
+        let ctx = arena.push(0..100);
+        let other = arena.push(200..300);
+        let (q1, q2) = (arena.push(900..920), arena.push(950..990));
+        let trace = trace_of(
+            arena,
+            vec![vec![ctx, q1], vec![ctx, q2], vec![other, q1], vec![q1]],
+        );
+        let memo = PromptHashes::new(trace.clone());
+        let c: Vec<ChainHashes> = trace.ids().map(|id| memo.chain_hashes(id, 16)).collect();
+        // 100 tokens: 6 full blocks in the shared array; the question's blocks are the
+        // prompt's own (the partial block's 4 tokens go on into them).
+        assert_eq!((c[0].lead.len(), c[0].tail.len()), (6, 1));
+        assert_eq!((c[1].lead.len(), c[1].tail.len()), (6, 2));
+        assert!(Arc::ptr_eq(&c[0].lead, &c[1].lead), "one array for [ctx]");
+        assert!(!Arc::ptr_eq(&c[0].lead, &c[2].lead));
+        assert!(c[3].lead.is_empty(), "no leading segments: all its own");
+        let mut want = Vec::new();
+        for (id, chain) in trace.ids().zip(&c) {
+            trace.block_hashes(id, 16, &mut want);
+            assert_eq!(chain.to_vec(), want);
+            assert_eq!(chain.len(), want.len());
+            assert!((0..want.len()).all(|i| chain.get(i) == want[i]));
+        }
+        // Emptying the memo leaves the arrays to those who hold them.
+        memo.memo.lock().unwrap().chains.clear();
+        trace.block_hashes(ReqId(0), 16, &mut want);
+        assert_eq!(c[0].to_vec(), want);
     }
 
     #[test]

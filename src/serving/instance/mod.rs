@@ -88,7 +88,7 @@ use crate::metrics::Tier;
 use crate::metrics::{InstanceStats, Report};
 use crate::model::cost::BatchShape;
 use crate::serving::policy::Policy;
-use crate::serving::prompt_hashes::PromptHashes;
+use crate::serving::prompt_hashes::{ChainHashes, PromptHashes};
 use crate::serving::store::LoadOverlap;
 use crate::serving::store::directory::{LoadGroup, LoadPlan, Location};
 use crate::units::Nanos;
@@ -143,8 +143,9 @@ struct Seq {
     /// Its store load, from the lookup reply until the load's results are applied.
     load: Option<Box<Load>>,
     blocks: Blocks,
-    /// Hashes of the prompt's full blocks (empty unless the policy looks in GPU memory).
-    hashes: Vec<u64>,
+    /// Hashes of the prompt's full blocks (empty unless the policy looks in GPU memory or
+    /// uses the store), sharing the memo's arrays.
+    hashes: ChainHashes,
     /// Reused prompt tokens by tier, fixed at the first admission.
     reused: [u32; Tier::ALL.len()],
     /// Bytes loaded from each tier.
@@ -250,18 +251,17 @@ pub struct Instance {
     spare: Spare,
 }
 
-/// Most buffers of each kind an instance keeps for reuse. An instance admits a few requests
-/// between two that finish, so a few cover them; the bound keeps what waits small (a SQuAD
-/// prompt's hashes are about 2 KiB).
+/// Most buffers an instance keeps for reuse. An instance admits a few requests between two
+/// that finish, so a few cover them; the bound keeps what waits small.
 const MAX_SPARE: usize = 4;
 
-/// Buffers that finished requests leave for the next ones: a new request's block hashes and
-/// block list reuse them instead of allocating, and the memory they land in is likely still
-/// in the cache (at cluster scale, a fresh allocation is a cold one, and its free at the end
-/// of the request another miss).
+/// Buffers that finished requests leave for the next ones: a new request's block list reuses
+/// one instead of allocating, and the memory it lands in is likely still in the cache (at
+/// cluster scale, a fresh allocation is a cold one, and its free at the end of the request
+/// another miss). (A request's hashes are shared arrays, see
+/// [`crate::serving::prompt_hashes`]: nothing to reuse.)
 #[derive(Debug, Default)]
 struct Spare {
-    hashes: Vec<Vec<u64>>,
     blocks: Vec<Blocks>,
 }
 
@@ -269,11 +269,6 @@ impl Spare {
     /// Keeps the buffers of `seq`, which finished and released its blocks. A real backend's
     /// block list keeps its capacity for the request's most blocks and is not kept.
     fn keep(&mut self, seq: &mut Seq, real: bool) {
-        if self.hashes.len() < MAX_SPARE && seq.hashes.capacity() > 0 {
-            let mut h = std::mem::take(&mut seq.hashes);
-            h.clear();
-            self.hashes.push(h);
-        }
         if !real && self.blocks.len() < MAX_SPARE && seq.blocks.is_empty() {
             self.blocks.push(std::mem::take(&mut seq.blocks));
         }
@@ -357,13 +352,11 @@ impl Instance {
             ctx.send(self.router, Msg::Rejected(req, self.index), 8);
             return;
         }
-        let mut hashes = self.spare.hashes.pop().unwrap_or_default();
-        if self.look_in_gpu || self.store.is_some() {
-            // One hash per full prompt block: made once, never grown.
-            hashes.reserve_exact((r.prompt_tokens / self.cfg.block_size) as usize);
-            self.hashes
-                .block_hashes(req, self.cfg.block_size as usize, &mut hashes);
-        }
+        let hashes = if self.look_in_gpu || self.store.is_some() {
+            self.hashes.chain_hashes(req, self.cfg.block_size as usize)
+        } else {
+            ChainHashes::default()
+        };
         let mut seq = Seq {
             req,
             prompt_len: r.prompt_tokens,
@@ -394,9 +387,13 @@ impl Instance {
         if let Some(st) = &self.store {
             // A tensor's id is the hash of the last block of its chunk (hashes are chained).
             let per = (st.tensor_tokens / self.cfg.block_size) as usize;
-            seq.chain = seq.hashes.chunks_exact(per).map(|c| c[per - 1]).collect();
+            seq.chain = (1..=seq.hashes.len() / per)
+                .map(|c| seq.hashes.get(c * per - 1))
+                .collect();
             let gpu_blocks = if self.look_in_gpu {
-                self.pool.longest_cached_prefix(&seq.hashes).0
+                self.pool
+                    .longest_cached_prefix(&seq.hashes, seq.hashes.len())
+                    .0
             } else {
                 0
             };
@@ -549,8 +546,7 @@ impl Instance {
             // Reuse at most up to the last prompt token, which must be computed.
             let reusable = ((seq.known_tokens() - 1) / self.cfg.block_size) as usize;
             let (hits, hits_free) = if self.look_in_gpu {
-                let upto = reusable.min(seq.hashes.len());
-                self.pool.longest_cached_prefix(&seq.hashes[..upto])
+                self.pool.longest_cached_prefix(&seq.hashes, reusable)
             } else {
                 (0, 0)
             };
@@ -584,7 +580,7 @@ impl Instance {
                 seq.blocks.reserve_exact(self.blocks_for(most) as usize);
             }
             self.pool
-                .take_cached(&seq.hashes[..hits as usize], &mut seq.blocks);
+                .take_cached(&seq.hashes, hits as usize, &mut seq.blocks);
             let ok = self.pool.allocate(need, &mut seq.blocks);
             debug_assert!(ok);
             if seq.admitted_at.is_none() {
@@ -664,10 +660,10 @@ impl Instance {
             if keep && seq.registered < filled {
                 let full = filled.min(seq.hashes.len() as u32);
                 if seq.registered < full {
-                    let full = full as usize;
                     self.pool.register_all(
                         &mut seq.blocks,
-                        &seq.hashes[..full],
+                        &seq.hashes,
+                        full as usize,
                         seq.registered as usize,
                     );
                 }
