@@ -80,20 +80,29 @@ pub struct Event<M> {
     pub msg: M,
 }
 
-/// A pending event's place in the heap: ordered by time, then by sequence number (the high
-/// 40 bits of `tag`; its low bits are the slot, and no two keys share a sequence number).
+/// A pending event's place in the heap: ordered by time, then by sequence number. One
+/// 128-bit number: the time in the high 64 bits, then the sequence number (40 bits), then
+/// the slot (no two keys share a sequence number). So two keys compare in one comparison
+/// without a branch, and the heap picks the earliest of four children without mispredicted
+/// jumps (the pop's sift was a tenth of a run at cluster scale).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Key {
-    time: u64,
-    tag: u64,
-}
+struct Key(u128);
 
 impl Key {
+    fn new(time: u64, tag: u64) -> Key {
+        Key(u128::from(time) << 64 | u128::from(tag))
+    }
+    fn time(self) -> u64 {
+        (self.0 >> 64) as u64
+    }
+    fn tag(self) -> u64 {
+        self.0 as u64
+    }
     fn seq(self) -> u64 {
-        self.tag >> SLOT_BITS
+        self.tag() >> SLOT_BITS
     }
     fn slot(self) -> usize {
-        (self.tag & SLOT_MASK) as usize
+        (self.tag() & SLOT_MASK) as usize
     }
 }
 
@@ -196,10 +205,7 @@ impl<M> Kernel<M> {
                 return;
             }
         };
-        let key = Key {
-            time: time.0,
-            tag: seq << SLOT_BITS | slot as u64,
-        };
+        let key = Key::new(time.0, seq << SLOT_BITS | slot as u64);
         self.heap.push(key);
         self.sift_up(self.heap.len() - 1, key);
     }
@@ -229,17 +235,19 @@ impl<M> Kernel<M> {
             if first >= n {
                 break;
             }
-            let mut best = first;
+            // The earliest child, chosen by selects rather than jumps.
+            let (mut best, mut at) = (heap[first], first);
             for child in first + 1..(first + ARITY).min(n) {
-                if heap[child] < heap[best] {
-                    best = child;
-                }
+                let k = heap[child];
+                let earlier = k < best;
+                best = if earlier { k } else { best };
+                at = if earlier { child } else { at };
             }
-            if key < heap[best] {
+            if key < best {
                 break;
             }
-            heap[pos] = heap[best];
-            pos = best;
+            heap[pos] = best;
+            pos = at;
         }
         heap[pos] = key;
     }
@@ -259,14 +267,14 @@ impl<M> Kernel<M> {
         if self.processed >= self.limits.max_events {
             return Err(SimError::EventLimit {
                 limit: self.limits.max_events,
-                at: Nanos(top.time),
+                at: Nanos(top.time()),
                 seed: self.seed,
             });
         }
-        if top.time > self.limits.max_time.0 {
+        if top.time() > self.limits.max_time.0 {
             return Err(SimError::TimeLimit {
                 limit: self.limits.max_time,
-                at: Nanos(top.time),
+                at: Nanos(top.time()),
                 seed: self.seed,
             });
         }
@@ -280,8 +288,8 @@ impl<M> Kernel<M> {
             .take()
             .expect("a pending event's slot holds its message");
         self.free.push(slot as u32);
-        debug_assert!(top.time >= self.now.0, "time went backwards");
-        self.now = Nanos(top.time);
+        debug_assert!(top.time() >= self.now.0, "time went backwards");
+        self.now = Nanos(top.time());
         self.processed += 1;
         Ok(Some(Event {
             time: self.now,
