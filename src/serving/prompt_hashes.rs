@@ -140,6 +140,8 @@ fn memo_key(block_size: usize, segments: &[SegId]) -> u64 {
 pub struct PromptHashes {
     trace: Arc<Trace>,
     memo: Mutex<Memo>,
+    /// The empty array, shared by the prompts whose last segment fills no block.
+    no_hashes: Arc<[u64]>,
 }
 
 impl PromptHashes {
@@ -147,6 +149,7 @@ impl PromptHashes {
         PromptHashes {
             trace,
             memo: Mutex::new(Memo::default()),
+            no_hashes: Arc::default(),
         }
     }
 
@@ -193,6 +196,13 @@ impl PromptHashes {
         }
         // Just made if it was missing.
         let chain = &memo.chains[&key];
+        if chain.rest.len() + self.trace.arena.len(*last) < block_size {
+            // The last segment fills no block: its tokens are not read.
+            return ChainHashes {
+                lead: chain.hashes.clone(),
+                tail: self.no_hashes.clone(),
+            };
+        }
         memo.tail.clear();
         memo.block.clear();
         memo.block.extend_from_slice(&chain.rest);
