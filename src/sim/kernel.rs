@@ -237,11 +237,11 @@ impl<M> Kernel<M> {
             }
             // The earliest child, chosen by selects rather than jumps.
             let (mut best, mut at) = (heap[first], first);
-            for child in first + 1..(first + ARITY).min(n) {
-                let k = heap[child];
+            let others = &heap[first + 1..(first + ARITY).min(n)];
+            for (i, &k) in others.iter().enumerate() {
                 let earlier = k < best;
                 best = if earlier { k } else { best };
-                at = if earlier { child } else { at };
+                at = if earlier { first + 1 + i } else { at };
             }
             if key < best {
                 break;

@@ -68,8 +68,15 @@ pub(super) struct Flows {
     // Scratch: the component being reshared.
     comp_links: Vec<u32>,
     comp_flows: Vec<FlowId>,
-    /// Scratch: links by share (the bits of a non-negative `f64` order like the number).
-    heap: BinaryHeap<Reverse<(u64, u32)>>,
+    /// Scratch: links by share, then id ([`share_key`]).
+    heap: BinaryHeap<Reverse<u128>>,
+}
+
+/// A link's place in the progressive filling's heap: its share (the bits of a non-negative
+/// `f64` order like the number), then its id, in one number, so that two compare in one
+/// comparison. A link has at most one entry in the heap at a time, so no two are equal.
+fn share_key(share: f64, link: u32) -> u128 {
+    u128::from(share.to_bits()) << 32 | u128::from(link)
 }
 
 /// Nanoseconds to send `bytes` at `rate` bytes/s, rounded up.
@@ -269,17 +276,18 @@ impl Flows {
         for &l in &self.comp_links {
             let link = &self.links[l as usize];
             if link.unfixed > 0 {
-                self.heap.push(Reverse((share(link).to_bits(), l)));
+                self.heap.push(Reverse(share_key(share(link), l)));
             }
         }
-        while let Some(Reverse((bits, l))) = self.heap.pop() {
+        while let Some(Reverse(key)) = self.heap.pop() {
+            let (bits, l) = ((key >> 32) as u64, key as u32);
             let link = &self.links[l as usize];
             if link.unfixed == 0 {
                 continue;
             }
             let now_share = share(link);
             if now_share.to_bits() != bits {
-                self.heap.push(Reverse((now_share.to_bits(), l)));
+                self.heap.push(Reverse(share_key(now_share, l)));
                 continue;
             }
             for k in 0..self.links[l as usize].flows.len() {
