@@ -22,10 +22,11 @@
 //!   and its hashes, which are those of the chain of the sequence that registered its last
 //!   block at the same positions. So a segment keeps that chain (a [`ChainHashes`], whose
 //!   arrays it shares with the request and the other pools that hold them) and its length,
-//!   and copies no hash: registering a block is a count. A prompt registers its blocks in order, so its new blocks
-//!   extend the segment it holds the end of, or start a new one (after a block whose hash
-//!   another block held, or where a held segment goes on with other hashes). Only a
-//!   segment's first hash is in the hash index ([`BlockIndex`], a few entries per prompt).
+//!   and copies no hash: registering a block is a count. A prompt registers its blocks in
+//!   order, so its new blocks extend the segment it holds the end of, or start a new one
+//!   (after a block whose hash another block held, or where a held segment goes on with
+//!   other hashes). Only a segment's first hash is in the hash index ([`BlockIndex`], a few
+//!   entries per prompt).
 //! - **Every holder of a segment holds a prefix of it.** A lookup walks a prompt's chain
 //!   segment by segment: it enters a segment at its start (the index), and leaves it where
 //!   the hashes part (a hash names its whole prefix, so one comparison at the far end, or a
@@ -44,8 +45,9 @@
 //! have ids: a sequence's [`Blocks`] list them in prompt order, segments and runs keep theirs,
 //! and they are the ones the obvious pool hands out. A simulated backend never reads them,
 //! and which free block an allocation gets is then unobservable (only which hashes stay
-//! registered is), so a simulation's pool keeps no ids at all: blocks are counted. The differential test runs a
-//! counting pool in lockstep with the one with ids and the obvious one.
+//! registered is), so a simulation's pool keeps no ids at all: blocks are counted. The
+//! differential test runs a counting pool in lockstep with the one with ids and the obvious
+//! one.
 //!
 //! **Memory.** A pool starts with every block free and untouched, in id order at the head of
 //! the queue; nothing is ever queued ahead of an untouched block, so they are kept implicitly

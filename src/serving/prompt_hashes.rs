@@ -23,8 +23,8 @@
 //! colliding list is told apart and replaces it. The memo is bounded: when it holds more than
 //! [`MEMO_HASHES`] hashes it is emptied and filled again as prompts come (the arrays that
 //! requests and pools still hold live on with them, and go with the last of them). It only
-//! ever saves work, so its contents never change a result. One memo serves every actor of a simulation
-//! (a lock that is never contended: a simulation runs on one thread).
+//! ever saves work, so its contents never change a result. One memo serves every actor of a
+//! simulation (a lock that is never contended: a simulation runs on one thread).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
