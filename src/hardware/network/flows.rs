@@ -272,13 +272,15 @@ impl Flows {
         // Bounded: each pop fixes a link's flows or re-pushes a link whose share grew, at
         // most once per flow fixed on it.
         let share = |link: &Link| link.left.max(0.0) / link.unfixed as f64;
-        self.heap.clear();
-        for &l in &self.comp_links {
+        // Built whole and then ordered in one pass (linear), not pushed one by one: under
+        // congestion a component holds most links of the cluster.
+        let mut keys = std::mem::take(&mut self.heap).into_vec();
+        keys.clear();
+        keys.extend(self.comp_links.iter().filter_map(|&l| {
             let link = &self.links[l as usize];
-            if link.unfixed > 0 {
-                self.heap.push(Reverse(share_key(share(link), l)));
-            }
-        }
+            (link.unfixed > 0).then(|| Reverse(share_key(share(link), l)))
+        }));
+        self.heap = BinaryHeap::from(keys);
         while let Some(Reverse(key)) = self.heap.pop() {
             let (bits, l) = ((key >> 32) as u64, key as u32);
             let link = &self.links[l as usize];
