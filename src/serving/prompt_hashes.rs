@@ -117,14 +117,6 @@ impl From<Vec<u64>> for ChainHashes {
     }
 }
 
-impl PartialEq for ChainHashes {
-    fn eq(&self, other: &ChainHashes) -> bool {
-        self.len() == other.len() && self.iter().eq(other.iter())
-    }
-}
-
-impl Eq for ChainHashes {}
-
 /// The memo's key for a block size and a list of segments: well mixed, as the map's hasher
 /// takes it as it is.
 fn memo_key(block_size: usize, segments: &[SegId]) -> u64 {
