@@ -18,9 +18,11 @@ use std::sync::Arc;
 
 use super::Msg;
 use super::kv_routing::KvRouting;
+use super::msg::Completion;
 use super::prompt_hashes::PromptHashes;
 use crate::actor::{Actor, ActorId, Context, unexpected};
 use crate::metrics::{Report, RequestRecord};
+use crate::units::Nanos;
 use crate::workload::{ReqId, Trace};
 
 /// How the router picks an instance.
@@ -35,6 +37,13 @@ pub enum RouterStrategy {
 /// Bytes per token id on the wire.
 pub const TOKEN_ID_BYTES: u64 = 4;
 
+/// No instance (in [`Router::assigned`]).
+const NONE: u32 = u32::MAX;
+
+/// Most first tokens (and, separately, ends) of requests that the router keeps before it
+/// writes them into the requests' records (8 MiB of ends).
+const PENDING_RECORDS: usize = 1 << 16;
+
 pub struct Router {
     trace: Arc<Trace>,
     instances: Vec<ActorId>,
@@ -42,6 +51,17 @@ pub struct Router {
     next_rr: usize,
     outstanding: Vec<u32>,
     records: Vec<RequestRecord>,
+    /// The instance each request is at, by request; [`NONE`] before its dispatch and once it
+    /// failed. Dense, and read by every message about a request, where its record (written
+    /// only, in cold memory at cluster scale) is not read: see [`Router::current`].
+    assigned: Vec<u32>,
+    /// First tokens and ends of requests as their messages came, not yet written into the
+    /// records: appended in order (warm memory), and written in batches of at most
+    /// [`PENDING_RECORDS`] each ([`Router::flush`]), where the misses on the records overlap.
+    firsts: Vec<(ReqId, Nanos)>,
+    ends: Vec<(Nanos, Completion)>,
+    /// [`PENDING_RECORDS`] (smaller in tests).
+    pending_limit: usize,
     /// Unexpected messages (errors are values).
     violations: Vec<String>,
     /// Requests sent to an instance and not yet finished or rejected.
@@ -73,6 +93,10 @@ impl Router {
             .collect();
         Router {
             outstanding: vec![0; instances.len()],
+            assigned: vec![NONE; trace.requests.len()],
+            firsts: Vec::new(),
+            ends: Vec::new(),
+            pending_limit: PENDING_RECORDS,
             trace,
             instances,
             strategy,
@@ -144,7 +168,7 @@ impl Router {
     /// Sends `req` to a live instance, or fails it with `reason` when none is left.
     fn dispatch(&mut self, req: ReqId, reason: &str, ctx: &mut dyn Context<Msg>) {
         let Some(i) = self.pick(req) else {
-            self.records[req.0 as usize].failed = Some(reason.to_string());
+            self.fail(req, reason.to_string());
             return;
         };
         let record = &mut self.records[req.0 as usize];
@@ -154,6 +178,7 @@ impl Router {
         self.outstanding[i] += 1;
         self.in_flight += 1;
         record.instance = i as u32;
+        self.assigned[req.0 as usize] = i as u32;
         let bytes = TOKEN_ID_BYTES * record.prompt_tokens as u64;
         record.network_bytes += bytes;
         ctx.send(self.instances[i], Msg::Submit(req), bytes);
@@ -161,6 +186,8 @@ impl Router {
 
     /// Node `node` is down: its instances take no more requests, and theirs fail over.
     fn node_down(&mut self, node: u32, ctx: &mut dyn Context<Msg>) {
+        // The records say which requests have streamed or ended.
+        self.flush();
         let mut moved = Vec::new();
         for i in 0..self.instances.len() {
             if self.nodes[i] != node || !self.alive[i] {
@@ -183,9 +210,8 @@ impl Router {
         for (req, streamed) in moved {
             let old = self.records[req.0 as usize].instance;
             if streamed {
-                self.records[req.0 as usize].failed = Some(format!(
-                    "instance {old} crashed with node {node} after the first token"
-                ));
+                let why = format!("instance {old} crashed with node {node} after the first token");
+                self.fail(req, why);
                 continue;
             }
             self.failovers += 1;
@@ -195,14 +221,28 @@ impl Router {
     }
 
     /// Whether a message from instance `i` about `req` is current (not from a crashed
-    /// instance, or about a request since sent elsewhere).
+    /// instance, or about a request since sent elsewhere or failed). Reads no record: at
+    /// cluster scale the record of a request that has been running for seconds is cold, and
+    /// the messages of a request only write it.
     fn current(&self, req: ReqId, i: u32) -> bool {
-        let r = &self.records[req.0 as usize];
-        r.instance == i && self.alive.get(i as usize) == Some(&true) && r.failed.is_none()
+        self.assigned[req.0 as usize] == i && self.alive.get(i as usize) == Some(&true)
+    }
+
+    /// Writes the first tokens and ends received into the records.
+    fn flush(&mut self) {
+        write_pending(&mut self.records, &self.firsts, &self.ends);
+        self.firsts.clear();
+        self.ends.clear();
+    }
+
+    /// Fails `req` for `why`: no message about it is current any more.
+    fn fail(&mut self, req: ReqId, why: String) {
+        self.records[req.0 as usize].failed = Some(why);
+        self.assigned[req.0 as usize] = NONE;
     }
 
     fn done(&mut self, req: ReqId) {
-        let instance = self.records[req.0 as usize].instance as usize;
+        let instance = self.assigned[req.0 as usize] as usize;
         match self.outstanding.get_mut(instance) {
             Some(n) if *n > 0 && self.in_flight > 0 => {
                 *n -= 1;
@@ -254,20 +294,18 @@ impl Actor<Msg> for Router {
                 self.schedule_arrival(req.0 + 1, ctx);
             }
             Msg::FirstToken(req, i) if self.current(req, i) => {
-                let record = &mut self.records[req.0 as usize];
-                record.first_token = Some(ctx.now());
-                record.network_bytes += TOKEN_ID_BYTES;
+                // The token's bytes are counted with the record's (`Router::report`).
+                self.firsts.push((req, ctx.now()));
+                if self.firsts.len() >= self.pending_limit {
+                    self.flush();
+                }
             }
             Msg::Finished(c) if self.current(c.req, c.instance) => {
-                let record = &mut self.records[c.req.0 as usize];
-                record.end = Some(ctx.now());
-                record.admitted = Some(c.admitted_at);
-                record.reused = c.reused;
-                record.loaded_bytes = c.loaded_bytes;
-                record.preemptions = c.preemptions;
-                record.network_bytes +=
-                    TOKEN_ID_BYTES * (record.output_tokens as u64).saturating_sub(1);
                 self.done(c.req);
+                self.ends.push((ctx.now(), *c));
+                if self.ends.len() >= self.pending_limit {
+                    self.flush();
+                }
             }
             Msg::Rejected(req, i) if self.current(req, i) => {
                 self.records[req.0 as usize].rejected = true;
@@ -293,15 +331,228 @@ impl Actor<Msg> for Router {
 
     fn report(&self, report: &mut Report) {
         report.violations.extend(self.violations.iter().cloned());
-        for r in &self.records {
-            if r.end.is_none() && !r.rejected && r.failed.is_none() {
-                report
-                    .violations
-                    .push(format!("request {} never finished", r.id));
-                break;
+        let mut records = self.records.clone();
+        write_pending(&mut records, &self.firsts, &self.ends);
+        // Network bytes: the prompts sent (once per dispatch, counted then) and the token ids
+        // streamed back: the first token, and the others once the request finished (counted
+        // here, so that those messages do not read the record).
+        for r in &mut records {
+            let first = r.first_token.is_some() as u64;
+            let rest = match r.end {
+                Some(_) => (r.output_tokens as u64).saturating_sub(1),
+                None => 0,
+            };
+            r.network_bytes += TOKEN_ID_BYTES * (first + rest);
+        }
+        if let Some(r) = records
+            .iter()
+            .find(|r| r.end.is_none() && !r.rejected && r.failed.is_none())
+        {
+            report
+                .violations
+                .push(format!("request {} never finished", r.id));
+        }
+        report.records.extend(records);
+        report.failovers += self.failovers;
+    }
+}
+
+/// Writes first tokens and ends of requests (in the order they came) into their records.
+fn write_pending(
+    records: &mut [RequestRecord],
+    firsts: &[(ReqId, Nanos)],
+    ends: &[(Nanos, Completion)],
+) {
+    // The two write different fields, so their order between them does not matter.
+    for &(req, at) in firsts {
+        records[req.0 as usize].first_token = Some(at);
+    }
+    for (at, c) in ends {
+        let record = &mut records[c.req.0 as usize];
+        record.end = Some(*at);
+        record.admitted = Some(c.admitted_at);
+        record.reused = c.reused;
+        record.loaded_bytes = c.loaded_bytes;
+        record.preemptions = c.preemptions;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::actor::{Context, Then, Work};
+    use crate::metrics::Tier;
+    use crate::rng::Stream;
+    use crate::workload::{Request, TokenArena};
+
+    /// A context that keeps what the router sends and the timers it sets.
+    struct Script {
+        now: Nanos,
+        sent: Vec<(ActorId, Msg)>,
+        timers: Vec<Msg>,
+        rng: Stream,
+    }
+
+    impl Context<Msg> for Script {
+        fn now(&self) -> Nanos {
+            self.now
+        }
+        fn me(&self) -> ActorId {
+            ActorId(0)
+        }
+        fn send(&mut self, to: ActorId, msg: Msg, _: u64) {
+            self.sent.push((to, msg));
+        }
+        fn timer(&mut self, _: Nanos, msg: Msg) {
+            self.timers.push(msg);
+        }
+        fn start_then(&mut self, work: Work, _: Then<Msg>) {
+            panic!("the router starts no work: {work:?}");
+        }
+        fn rng(&mut self) -> &mut Stream {
+            &mut self.rng
+        }
+    }
+
+    /// `n` requests of 10 + i prompt tokens and 3 + i % 4 output tokens.
+    fn trace(n: u32) -> Arc<Trace> {
+        let mut arena = TokenArena::default();
+        let requests = (0..n)
+            .map(|i| Request {
+                arrival: Nanos(u64::from(i) * 10),
+                segments: vec![arena.push(0..10 + i)],
+                prompt_tokens: 10 + i,
+                output_tokens: 3 + i % 4,
+                context: 0,
+            })
+            .collect();
+        Arc::new(Trace {
+            arena,
+            requests,
+            contexts: 1,
+        })
+    }
+
+    /// Runs a fixed story of 12 requests on 4 instances (two per node) with a router that
+    /// keeps at most `limit` first tokens and ends before writing them into its records:
+    /// arrivals, first tokens and ends in a scrambled order, a node going down in the middle
+    /// (a request that streamed fails, the others fail over), and a stale message from the
+    /// node that went down.
+    fn story(limit: usize) -> Report {
+        let n = 12;
+        let instances: Vec<ActorId> = (1..=4).map(ActorId).collect();
+        let mut router = Router::new(
+            trace(n),
+            instances,
+            vec![0, 0, 1, 1],
+            RouterStrategy::RoundRobin,
+        );
+        router.pending_limit = limit;
+        let mut ctx = Script {
+            now: Nanos::ZERO,
+            sent: Vec::new(),
+            timers: Vec::new(),
+            rng: Stream::new(1, 1),
+        };
+        let at = |router: &Router, r: u32| router.assigned[r as usize];
+        for r in 0..n {
+            ctx.now = Nanos(u64::from(r) * 10);
+            router.handle(Msg::Arrival(ReqId(r)), &mut ctx);
+        }
+        let finish = |router: &mut Router, ctx: &mut Script, r: u32, t: u64| {
+            ctx.now = Nanos(t);
+            let c = Completion {
+                req: ReqId(r),
+                instance: at(router, r),
+                admitted_at: Nanos(t / 2),
+                reused: [r; Tier::ALL.len()],
+                loaded_bytes: [u64::from(r) * 7; Tier::ALL.len()],
+                preemptions: r % 3,
+            };
+            router.handle(Msg::Finished(Box::new(c)), ctx);
+        };
+        let first = |router: &mut Router, ctx: &mut Script, r: u32, t: u64| {
+            ctx.now = Nanos(t);
+            let i = at(router, r);
+            router.handle(Msg::FirstToken(ReqId(r), i), ctx);
+        };
+        for (k, r) in [5u32, 0, 7, 2, 9, 4, 1].into_iter().enumerate() {
+            first(&mut router, &mut ctx, r, 200 + k as u64);
+        }
+        for (k, r) in [7u32, 0, 4].into_iter().enumerate() {
+            finish(&mut router, &mut ctx, r, 300 + k as u64);
+        }
+        // Node 0 (instances 0 and 1) goes down: requests 1, 5 and 9 streamed and fail (on
+        // instance 1); 8 failed over; 0 and 4 had ended.
+        let stale = at(&router, 5);
+        ctx.now = Nanos(400);
+        router.handle(Msg::NodeDown(0), &mut ctx);
+        router.handle(Msg::FirstToken(ReqId(5), stale), &mut ctx);
+        for (k, r) in [3u32, 8, 6, 10, 11].into_iter().enumerate() {
+            first(&mut router, &mut ctx, r, 500 + k as u64);
+        }
+        for (k, r) in [2u32, 11, 3, 8, 6, 10].into_iter().enumerate() {
+            finish(&mut router, &mut ctx, r, 600 + k as u64);
+        }
+        let mut report = Report::default();
+        router.report(&mut report);
+        report
+    }
+
+    #[test]
+    fn records_are_the_same_whenever_pending_first_tokens_and_ends_are_written() {
+        let all_at_the_end = story(usize::MAX);
+        assert!(
+            all_at_the_end.violations.is_empty(),
+            "{:?}",
+            all_at_the_end.violations
+        );
+        for limit in [1, 2, 3, 5] {
+            let r = story(limit);
+            assert_eq!(r.records, all_at_the_end.records, "limit {limit}");
+            assert_eq!(r.failovers, all_at_the_end.failovers, "limit {limit}");
+        }
+        let records = &all_at_the_end.records;
+        assert_eq!(records.len(), 12);
+        for r in records {
+            let prompt = TOKEN_ID_BYTES * u64::from(r.prompt_tokens);
+            match r.id {
+                // Ended: the prompt, then every output token.
+                0 | 2 | 3 | 4 | 6 | 7 | 8 | 10 | 11 => {
+                    let failed_over = u64::from(r.id == 8);
+                    let want =
+                        prompt * (1 + failed_over) + TOKEN_ID_BYTES * u64::from(r.output_tokens);
+                    assert_eq!(r.network_bytes, want, "{r:?}");
+                    assert_eq!(
+                        r.end,
+                        Some(Nanos(match r.id {
+                            7 => 300,
+                            0 => 301,
+                            4 => 302,
+                            2 => 600,
+                            11 => 601,
+                            3 => 602,
+                            8 => 603,
+                            6 => 604,
+                            _ => 605,
+                        })),
+                        "{r:?}"
+                    );
+                    assert_eq!(r.preemptions, r.id % 3);
+                    assert_eq!(r.reused, [r.id; Tier::ALL.len()]);
+                    assert_eq!(r.admitted, r.end.map(|t| Nanos(t.0 / 2)));
+                    assert!(r.failed.is_none());
+                }
+                // Streamed on node 0, then failed with it: the prompt and the first token;
+                // the stale first token of 5 changed nothing.
+                1 | 5 | 9 => {
+                    assert_eq!(r.network_bytes, prompt + TOKEN_ID_BYTES, "{r:?}");
+                    assert!(r.failed.is_some() && r.end.is_none(), "{r:?}");
+                    assert!(r.first_token.is_some_and(|t| t.0 < 300), "{r:?}");
+                }
+                _ => unreachable!(),
             }
         }
-        report.records.extend(self.records.iter().cloned());
-        report.failovers += self.failovers;
+        assert_eq!(all_at_the_end.failovers, 1);
     }
 }
