@@ -210,7 +210,9 @@ pub fn simulate_watched(
         request: s.store.fetch_request_overhead,
         segment: s.store.fetch_segment_overhead,
     });
-    let (actors, targets) = actors(s, trace, policy, &mut |_| Box::new(s.batch_backend()), None);
+    // One pricing, shared by every instance's backend.
+    let backend = s.batch_backend();
+    let (actors, targets) = actors(s, trace, policy, &mut |_| Box::new(backend.clone()), None);
     if s.serving.shared_device {
         let places: Vec<Place> = (0..s.instances()).map(|i| s.instance_place(i)).collect();
         host.share_device(&places);
