@@ -352,7 +352,12 @@ impl Actor<Msg> for Router {
                 .violations
                 .push(format!("request {} never finished", r.id));
         }
-        report.records.extend(records);
+        // Moved, not copied again, when the report has no records yet (the usual case).
+        if report.records.is_empty() {
+            report.records = records;
+        } else {
+            report.records.extend(records);
+        }
         report.failovers += self.failovers;
     }
 }
