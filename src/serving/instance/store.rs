@@ -20,7 +20,7 @@ impl Instance {
             unexpected(&mut self.violations, &me, &what);
             return;
         };
-        seq.stored_chunks = plan.stored_chunks;
+        seq.cold.stored_chunks = plan.stored_chunks;
         // Planned before a store loss this instance knows of: the plan may name lost tensors.
         if losses < self.losses {
             Self::without_load(&mut seq);
@@ -28,11 +28,11 @@ impl Instance {
             return;
         }
         if !plan.groups.is_empty() {
-            seq.load_end = plan.stored_chunks * st.tensor_tokens;
-            seq.replicate = plan.replicate;
+            seq.cold.load_end = plan.stored_chunks * st.tensor_tokens;
+            seq.cold.replicate = plan.replicate;
             for g in &plan.groups {
-                seq.planned[g.tier as usize] += g.tensors * st.tensor_tokens;
-                seq.loaded_bytes[g.tier as usize] += g.bytes;
+                seq.cold.planned[g.tier as usize] += g.tensors * st.tensor_tokens;
+                seq.cold.loaded_bytes[g.tier as usize] += g.bytes;
             }
             seq.load = Some(Box::new(Load {
                 groups: plan.groups,
@@ -73,7 +73,7 @@ impl Instance {
                     .map(|&k| LoadItem {
                         node: g.node,
                         ssd: g.location == Location::Ssd,
-                        id: seq.chain[k as usize],
+                        id: seq.cold.chain[k as usize],
                         start: k * tt,
                     })
                     .collect();
@@ -225,15 +225,15 @@ impl Instance {
             return;
         }
         load.arrived = Some(ctx.now());
-        if !seq.replicate.is_empty() {
-            let mut ids = std::mem::take(&mut seq.replicate);
+        if !seq.cold.replicate.is_empty() {
+            let mut ids = std::mem::take(&mut seq.cold.replicate);
             let mut data = None;
             if self.real {
                 // The K/V of what it loaded, from its blocks: only tensors that lie wholly
                 // within the tokens it holds (not the one with the last prompt token).
-                let held = seq.computed.max(seq.load_end.min(seq.prompt_len - 1));
+                let held = seq.computed.max(seq.cold.load_end.min(seq.prompt_len - 1));
                 let held = held - held % st.tensor_tokens;
-                let at = |id: &u64| seq.chain.iter().position(|c| c == id);
+                let at = |id: &u64| seq.cold.chain.iter().position(|c| c == id);
                 ids.retain(|id| at(id).is_some_and(|k| (k as u32 + 1) * st.tensor_tokens <= held));
                 let tensors: Vec<(u64, u32)> = ids
                     .iter()
@@ -283,11 +283,11 @@ impl Instance {
     /// `seq` as if the store had held nothing beyond what the GPU cache holds: its prompt is
     /// computed (and stored again after its prefill). Its load must not be in flight.
     pub(super) fn without_load(seq: &mut Seq) {
-        seq.load_end = seq.load_start;
-        seq.planned = [0; Tier::ALL.len()];
-        seq.loaded_bytes = [0; Tier::ALL.len()];
-        seq.replicate.clear();
-        seq.stored_chunks = 0;
+        seq.cold.load_end = seq.cold.load_start;
+        seq.cold.planned = [0; Tier::ALL.len()];
+        seq.cold.loaded_bytes = [0; Tier::ALL.len()];
+        seq.cold.replicate.clear();
+        seq.cold.stored_chunks = 0;
         seq.load = None;
     }
 
@@ -306,7 +306,7 @@ impl Instance {
         self.abandon_load(seq);
         Self::without_load(seq);
         for tier in &Tier::ALL[1..] {
-            seq.reused[*tier as usize] = 0;
+            seq.cold.reused[*tier as usize] = 0;
         }
     }
 

@@ -629,6 +629,8 @@ fn what_an_iteration_reads_of_a_sequence_fits_its_first_cache_line() {
     assert_eq!(align_of::<Seq>(), 64);
     assert!(offset_of!(Seq, blocks) + size_of::<Vec<crate::serving::block_pool::BlockId>>() <= 64);
     assert!(offset_of!(Seq, load) < 64 && offset_of!(Seq, done) < 64);
+    // What only admission, loads and the end read is boxed: a sequence moves as two lines.
+    assert_eq!(size_of::<Seq>(), 128);
 }
 
 #[test]
@@ -680,22 +682,29 @@ fn finished_requests_leave_at_most_max_spare_buffers_and_the_next_request_reuses
     assert_eq!(s.done.len(), 6);
     assert_eq!(i.spare.blocks.len(), MAX_SPARE);
     assert!(i.spare.blocks.iter().all(|b| b.is_empty()));
+    assert_eq!(i.spare.colds.len(), MAX_SPARE);
+    assert!(
+        i.spare.colds.iter().all(|c| c.hashes.is_empty()),
+        "a kept record lets go of its request's hashes"
+    );
     i.handle(Msg::Submit(ReqId(6)), &mut s);
     assert_eq!(
         i.spare.blocks.len(),
         MAX_SPARE - 1,
         "a spare block list is reused, not a new one"
     );
+    assert_eq!(i.spare.colds.len(), MAX_SPARE - 1, "and a spare record");
     let seq = &i.running[0];
     let mut want = Vec::new();
     t.block_hashes(ReqId(6), 16, &mut want);
     assert_eq!(
-        seq.hashes.to_vec(),
+        seq.cold.hashes.to_vec(),
         want,
         "and the request holds exactly its prompt's hashes"
     );
     drain(&mut i, &mut s);
     assert_eq!(s.done.len(), 7);
     assert_eq!(i.spare.blocks.len(), MAX_SPARE);
+    assert_eq!(i.spare.colds.len(), MAX_SPARE);
     i.pool.check().unwrap();
 }
