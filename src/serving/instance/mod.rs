@@ -138,7 +138,8 @@ struct Seq {
     computed: u32,
     /// Tokens scheduled in the running iteration.
     scheduled: u32,
-    /// Prompt blocks already registered in the pool.
+    /// Prompt blocks registration is done with: registered in the pool, or beyond its hashes
+    /// (never registered), so that decoding never reads the hashes.
     registered: u32,
     /// Whether the prompt's tensors were written to the store.
     stored: bool,
@@ -384,6 +385,17 @@ impl Instance {
         tokens.div_ceil(self.cfg.block_size)
     }
 
+    /// Blocks that `tokens` need beyond `held`: `blocks_for(tokens) - held`, or none; without
+    /// a division when they fit (a decoding sequence needs a block every `block_size` steps).
+    #[inline]
+    fn blocks_past(&self, tokens: u32, held: u32) -> u32 {
+        if u64::from(tokens) <= u64::from(held) * u64::from(self.cfg.block_size) {
+            0
+        } else {
+            self.blocks_for(tokens) - held
+        }
+    }
+
     fn submit(&mut self, req: ReqId, ctx: &mut dyn Context<Msg>) {
         let r = self.trace.request(req);
         // The most KV a request holds is prompt + output - 1 tokens: the last sampled token
@@ -486,9 +498,7 @@ impl Instance {
         'running: while i < self.running.len() && budget > 0 {
             let seq = &self.running[i];
             let n = (seq.known_tokens() - seq.computed).min(budget);
-            let need = self
-                .blocks_for(seq.computed + n)
-                .saturating_sub(seq.blocks.len() as u32);
+            let need = self.blocks_past(seq.computed + n, seq.blocks.len() as u32);
             while self.pool.free_blocks() < need {
                 // Preempt the most recently admitted sequence; possibly this one.
                 let victim = self.running.pop().expect("running is not empty");
@@ -687,8 +697,13 @@ impl Instance {
             }
             // Blocks the prompt filled beyond those registered; `registered` never exceeds the
             // hashes, so the hashes are only read when a block filled.
-            let filled = seq.computed.min(seq.prompt_len) / block_size;
-            if keep && seq.registered < filled {
+            // (A block filled when the next registered one's last token is computed: no
+            // division unless one did.)
+            let prompt_done = seq.computed.min(seq.prompt_len);
+            if keep
+                && u64::from(seq.registered + 1) * u64::from(block_size) <= u64::from(prompt_done)
+            {
+                let filled = prompt_done / block_size;
                 let full = filled.min(seq.cold.hashes.len() as u32);
                 if seq.registered < full {
                     self.pool.register_all(
@@ -698,7 +713,7 @@ impl Instance {
                         seq.registered as usize,
                     );
                 }
-                seq.registered = seq.registered.max(full);
+                seq.registered = filled;
             }
             if !seq.stored
                 && seq.computed >= seq.prompt_len
