@@ -125,7 +125,7 @@ pub struct StoreLink {
 /// cluster scale the instance is cold when its event comes). The rest is boxed ([`Cold`]),
 /// so that a sequence is two lines: a sequence moves whenever it changes queues and whenever
 /// one before it in the batch finishes, and moving a whole record (seven lines) read and
-/// wrote lines no iteration needs (`perf`: a tenth of vanilla's time at 2,240 GPUs was
+/// wrote lines no iteration needs (`perf`: a twentieth of vanilla's time at 2,240 GPUs was
 /// those copies).
 #[derive(Debug)]
 #[repr(C, align(64))]
@@ -695,10 +695,9 @@ impl Instance {
             if seq.load.is_some() {
                 seq.load = None;
             }
-            // Blocks the prompt filled beyond those registered; `registered` never exceeds the
-            // hashes, so the hashes are only read when a block filled.
-            // (A block filled when the next registered one's last token is computed: no
-            // division unless one did.)
+            // Blocks the prompt filled beyond those registration is done with (a block filled
+            // when its last token is computed: no division, and no read of the hashes, unless
+            // one did); those past the hashes are never registered, and done with too.
             let prompt_done = seq.computed.min(seq.prompt_len);
             if keep
                 && u64::from(seq.registered + 1) * u64::from(block_size) <= u64::from(prompt_done)
