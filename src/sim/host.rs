@@ -613,6 +613,11 @@ impl<M> SimHost<M> {
             {
                 prefetch::bytes(h.value as *const u8, h.value_bytes);
                 prefetch::hot(h.hot);
+                // And for the hint of the event after it, so that its own loads (a line of
+                // a few thousand actors' hints, cold at scale) are there one event from now.
+                if let Some(after) = self.kernel.second_target() {
+                    prefetch::bytes(self.hints.as_ptr().wrapping_add(after.0 as usize).cast(), 1);
+                }
             }
             if let Event::Change = event.msg {
                 self.apply_changes(event.time);

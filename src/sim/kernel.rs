@@ -255,6 +255,18 @@ impl<M> Kernel<M> {
         Some(self.targets[slot])
     }
 
+    /// The target of the second earliest pending event (the earliest of the root's children,
+    /// one line): what the event after the next is likely to be, unless the next schedules an
+    /// earlier one. For cache hints only.
+    pub fn second_target(&self) -> Option<ActorId> {
+        if self.heap.len() < 2 {
+            return None;
+        }
+        let kids = self.heap.children(0);
+        let first = kids.iter().copied().min().unwrap_or(NO_KEY);
+        Some(self.targets[first.slot()])
+    }
+
     /// Schedules `msg` for `target` at `time` (never before now).
     pub fn schedule(&mut self, time: Nanos, target: ActorId, msg: M) {
         let time = time.max(self.now);
