@@ -47,6 +47,7 @@
 
 pub mod directory;
 pub mod eviction;
+pub mod id_map;
 pub mod memory;
 pub mod metadata;
 pub mod server;

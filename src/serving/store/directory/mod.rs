@@ -75,6 +75,7 @@
 use std::collections::HashMap;
 
 use super::eviction::{Access, Eviction, EvictionQueue};
+use super::id_map::IdMap;
 use crate::hash::IdBuildHasher;
 use crate::metrics::{StoreStats, Tier};
 
@@ -285,7 +286,7 @@ struct Served {
 #[derive(Debug)]
 pub struct Directory {
     params: StoreParams,
-    tensors: HashMap<TensorId, Tensor, IdBuildHasher>,
+    tensors: IdMap<Tensor>,
     servers: Vec<Server>,
     region_tail: HashMap<u64, TensorId, IdBuildHasher>,
     next_region: u64,
@@ -328,7 +329,7 @@ impl Directory {
             .collect();
         Directory {
             params,
-            tensors: HashMap::default(),
+            tensors: IdMap::default(),
             servers,
             region_tail: HashMap::default(),
             next_region: 0,
@@ -440,6 +441,14 @@ impl Directory {
     /// stored tensors after the first `skip` (those the reader already has). Counts as an
     /// access to every tensor it plans to load.
     pub fn lookup(&mut self, chain: &[TensorId], skip: usize, reader: u32) -> LoadPlan {
+        // The chain's slots, then its records, asked for before the walk, so that their
+        // misses overlap instead of coming one step at a time (see `IdMap`).
+        for &id in chain {
+            self.tensors.prefetch(id);
+        }
+        for &id in chain {
+            self.tensors.prefetch_record(id);
+        }
         // One probe of the tensor map per tensor: the skipped ones are only counted, and what
         // serves each of the others (the reader's replica, or the owner's copy) is noted for
         // the plan and the accesses below.
