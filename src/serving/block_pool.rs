@@ -31,8 +31,12 @@
 //!   segment by segment: it enters a segment at its start (the index), and leaves it where
 //!   the hashes part (a hash names its whole prefix, so one comparison at the far end, or a
 //!   binary search, finds that place) or the segment ends. So a segment's reference counts
-//!   never grow with position, and the segment only needs its holders' prefix lengths
-//!   (`holders`); its free blocks are the positions from the longest of them on.
+//!   never grow with position, and the segment only needs its holders' prefix lengths;
+//!   its free blocks are the positions from the longest of them on. The longest and how
+//!   many hold it live in the segment's record, the others in a list beside it (`below`),
+//!   which most segments never use: the questions about one window hold its whole segment,
+//!   so a release or a hit touches only the record (the list was a cache miss of its own in
+//!   every release at cluster scale).
 //! - **The free queue holds runs.** Blocks reaching no reference in one release are appended
 //!   as runs: the newly free positions of each segment the sequence held (highest first, as
 //!   the release order has it) and its own unregistered blocks (ids in queue order). Within a
@@ -139,10 +143,12 @@ struct Seg {
     /// The chain its hashes are positions `start..start + len` of.
     chain: ChainHashes,
     ids: Vec<BlockId>,
-    /// Its holders' prefix lengths, ascending.
-    holders: Vec<u32>,
+    /// Its holders' prefix lengths shorter than the longest (`free_from`), ascending.
+    below: Vec<u32>,
+    /// How many holders hold the longest prefix (0 with none).
+    at_max: u32,
     /// Positions from here on are free: the longest holder's length (0 with none), kept
-    /// beside `holders` so that a lookup counting free hits does not read them.
+    /// in the record so that a lookup counting free hits does not read them.
     free_from: u32,
     /// Its runs in the free queue: the one with its highest positions (nearest the head) and
     /// the one with its lowest (queued last).
@@ -158,7 +164,8 @@ impl Seg {
             len: 0,
             chain: ChainHashes::default(),
             ids: Vec::new(),
-            holders: Vec::new(),
+            below: Vec::new(),
+            at_max: 0,
             free_from: 0,
             top: NONE,
             low: NONE,
@@ -411,12 +418,21 @@ impl BlockPool {
     /// A new holder of segment `s`'s first `k` positions: those that were free leave the
     /// free queue (the segment's lowest runs, queued last).
     fn hold(&mut self, s: u32, k: u32) {
+        debug_assert!(k > 0, "a holder holds a block at least");
         let seg = &mut self.segs[s as usize];
-        let at = seg.holders.partition_point(|&x| x < k);
-        seg.holders.insert(at, k);
-        if k <= seg.free_from {
+        if k == seg.free_from {
+            seg.at_max += 1;
             return;
         }
+        if k < seg.free_from {
+            let at = seg.below.partition_point(|&x| x < k);
+            seg.below.insert(at, k);
+            return;
+        }
+        // A new longest holder: the old longest ones are now below it.
+        let (was, n) = (seg.free_from, seg.at_max);
+        seg.below.extend(std::iter::repeat_n(was, n as usize));
+        seg.at_max = 1;
         self.free -= k - seg.free_from;
         seg.free_from = k;
         // Bounded by the segment's runs: each pass removes one or ends. They cover its free
@@ -495,7 +511,7 @@ impl BlockPool {
                     self.remove_run(r);
                     let seg = &mut self.segs[s as usize];
                     self.starts[seg.start as usize] -= 1;
-                    debug_assert!(seg.holders.is_empty(), "only a free segment is evicted");
+                    debug_assert!(seg.at_max == 0, "only a free segment is evicted");
                     // It lets go of its chain's arrays.
                     seg.chain = ChainHashes::default();
                     if seg.ids.capacity() > KEEP_BLOCKS {
@@ -544,17 +560,22 @@ impl BlockPool {
     /// join the queue's tail, highest first.
     fn drop_holder(&mut self, s: u32, k: u32) {
         let seg = &mut self.segs[s as usize];
-        let at = seg.holders.partition_point(|&x| x < k);
-        assert!(
-            seg.holders.get(at) == Some(&k),
-            "segment {s} released twice"
-        );
-        seg.holders.remove(at);
-        let now = seg.holders.last().copied().unwrap_or(0);
         let was = seg.free_from;
-        if now == was {
+        if k != was || seg.at_max == 0 {
+            let at = seg.below.partition_point(|&x| x < k);
+            assert!(seg.below.get(at) == Some(&k), "segment {s} released twice");
+            seg.below.remove(at);
             return;
         }
+        seg.at_max -= 1;
+        if seg.at_max > 0 {
+            return;
+        }
+        // The longest holder left: the longest of the others take its place.
+        let now = seg.below.last().copied().unwrap_or(0);
+        let n = seg.below.len() - seg.below.partition_point(|&x| x < now);
+        seg.below.truncate(seg.below.len() - n);
+        seg.at_max = n as u32;
         seg.free_from = now;
         self.free += was - now;
         let t = self.tail;
@@ -709,10 +730,16 @@ impl BlockPool {
             if self.keep_ids {
                 seg.ids.extend_from_slice(&blocks.ids[i..j]);
             }
+            // The sequence held the whole segment (the longest holding) and now holds it with
+            // the new blocks: the only longest holder.
+            if !fresh && seg.at_max > 1 {
+                let (was, n) = (seg.free_from, seg.at_max - 1);
+                seg.below.extend(std::iter::repeat_n(was, n as usize));
+            }
+            seg.at_max = 1;
             seg.free_from = seg.len();
             (prev, own) = (Some((s, seg.len() - 1)), true);
             if fresh {
-                seg.holders.push(k);
                 blocks.pieces.push(Piece {
                     seg: s,
                     at: i as u32,
@@ -720,8 +747,6 @@ impl BlockPool {
                 });
                 self.index_seg(s);
             } else {
-                // Its holding was the whole segment: the longest.
-                *seg.holders.last_mut().expect("held") += k;
                 blocks.pieces.last_mut().expect("held").n += k;
             }
             i = j;
@@ -781,7 +806,7 @@ impl BlockPool {
         self.starts[start] += 1;
         // An unused slot keeps the room of its arrays (see `allocate`).
         let seg = &mut self.segs[s as usize];
-        debug_assert!(seg.len == 0 && seg.holders.is_empty());
+        debug_assert!(seg.len == 0 && seg.at_max == 0 && seg.below.is_empty());
         if self.keep_ids {
             seg.ids.reserve(most);
         }
@@ -869,8 +894,9 @@ impl BlockPool {
         for (s, seg) in self.live_segs() {
             if (self.keep_ids && seg.ids.len() != seg.len as usize)
                 || seg.chain.len() < (seg.start + seg.len) as usize
-                || !seg.holders.is_sorted()
-                || seg.free_from != seg.holders.last().copied().unwrap_or(0)
+                || !seg.below.is_sorted()
+                || seg.below.last().is_some_and(|&b| b >= seg.free_from)
+                || (seg.at_max == 0) != (seg.free_from == 0)
                 || seg.free_from > seg.len()
             {
                 return Err(format!("segment {s} has inconsistent holders or arrays"));
@@ -1095,7 +1121,7 @@ mod tests {
             let breaks: [Break; 7] = [
                 ("free counter", |p| p.free -= 1),
                 ("free from", |p| p.segs[0].free_from = 1),
-                ("holders", |p| p.segs[0].holders.clear()),
+                ("holders", |p| p.segs[0].at_max = 0),
                 ("a run's end", |p| p.runs[p.head as usize].lo += 1),
                 ("starts", |p| p.starts[0] += 1),
                 ("index", |p| p.index = BlockIndex::new(8)),
