@@ -218,7 +218,7 @@ impl Directory {
                 self.unlink_replica(node, id, t.parent);
             }
             for s in &mut self.servers {
-                s.remote_reads.remove(&id);
+                s.remote_reads.remove(id);
             }
             if self.region_tail.get(&t.region) == Some(&id) {
                 self.region_tail.remove(&t.region);
@@ -296,7 +296,7 @@ impl Directory {
                 self.refresh_replica(node, p);
             }
             let s = &mut self.servers[node as usize];
-            s.remote_reads.remove(&id);
+            s.remote_reads.remove(id);
             self.stats.replicated += 1;
             self.change(Change::Replicated { node, id });
             self.record(StoreEvent::Replicated { node, index });

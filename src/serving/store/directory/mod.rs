@@ -75,7 +75,7 @@
 use std::collections::HashMap;
 
 use super::eviction::{Access, Eviction, EvictionQueue};
-use super::id_map::IdMap;
+use super::id_map::{IdCounts, IdMap};
 use crate::hash::IdBuildHasher;
 use crate::metrics::{StoreStats, Tier};
 
@@ -202,8 +202,9 @@ struct Server {
     replica_q: EvictionQueue,
     /// Replicas held.
     replicas: HashMap<TensorId, Replica, IdBuildHasher>,
-    /// Remote reads of each tensor by this node.
-    remote_reads: HashMap<TensorId, u32, IdBuildHasher>,
+    /// Remote reads of each tensor by this node (ptstore): probed by every remote tensor a
+    /// lookup plans, so asked for ahead as the tensors are (see `Directory::lookup`).
+    remote_reads: IdCounts,
 }
 
 /// One part of a load: the tensors that come from one node's tier.
@@ -324,7 +325,7 @@ impl Directory {
                 ssd_q: EvictionQueue::new(params.eviction),
                 replica_q: EvictionQueue::new(params.eviction),
                 replicas: HashMap::default(),
-                remote_reads: HashMap::default(),
+                remote_reads: IdCounts::default(),
             })
             .collect();
         Directory {
@@ -443,8 +444,20 @@ impl Directory {
     pub fn lookup(&mut self, chain: &[TensorId], skip: usize, reader: u32) -> LoadPlan {
         // The chain's slots, then its records, asked for before the walk, so that their
         // misses overlap instead of coming one step at a time (see `IdMap`).
+        // With replication, so are the reader's counts of remote reads, which every remote
+        // tensor the plan holds updates.
+        let counts = self
+            .params
+            .replicate_after_reads
+            .map(|_| &self.servers[reader as usize].remote_reads);
+        let ahead = &chain[skip.min(chain.len())..];
         for &id in chain {
             self.tensors.prefetch(id);
+        }
+        if let Some(c) = counts {
+            for &id in ahead {
+                c.prefetch(id);
+            }
         }
         for &id in chain {
             self.tensors.prefetch_record(id);
@@ -553,12 +566,8 @@ impl Directory {
             {
                 let id = chain[skip + i];
                 remote.push(id);
-                let reads = self.servers[reader as usize]
-                    .remote_reads
-                    .entry(id)
-                    .or_insert(0);
-                *reads += 1;
-                replicate_now |= *reads >= after;
+                let counts = &mut self.servers[reader as usize].remote_reads;
+                replicate_now |= counts.bump(id) >= after;
             }
         }
         // One access to the copy that serves each planned tensor (see "Access counts" in the
