@@ -363,20 +363,24 @@ mod tests {
     use crate::rng::Stream;
     use std::collections::HashMap;
 
-    #[test]
-    fn answers_as_a_hash_map_does_under_random_inserts_and_removals() {
-        let mut rng = Stream::new(7, 0);
-        let mut m: IdMap<u32> = IdMap::default();
-        let mut r: HashMap<u64, u32> = HashMap::new();
-        // Ids from a small set (so removals and re-inserts meet), some with equal top bits
-        // (so probe runs form and wrap), including 0 and u64::MAX.
-        let pool: Vec<u64> = (0..300u64)
+    /// Ids from a small set (so removals and re-inserts meet), some with equal top bits (so
+    /// probe runs form and wrap), including 0 and u64::MAX.
+    fn id_pool() -> Vec<u64> {
+        (0..300u64)
             .map(|k| match k % 3 {
                 0 => k.wrapping_mul(0x9e37_79b9_7f4a_7c15),
                 1 => u64::MAX - k,
                 _ => k,
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn answers_as_a_hash_map_does_under_random_inserts_and_removals() {
+        let mut rng = Stream::new(7, 0);
+        let mut m: IdMap<u32> = IdMap::default();
+        let mut r: HashMap<u64, u32> = HashMap::new();
+        let pool = id_pool();
         for step in 0..20_000u32 {
             let id = pool[rng.below(pool.len() as u64) as usize];
             match rng.below(3) {
@@ -405,14 +409,7 @@ mod tests {
         let mut rng = Stream::new(11, 0);
         let mut m = IdCounts::default();
         let mut r: HashMap<u64, u32> = HashMap::new();
-        // As above: a small set of ids, some sharing their top bits, with 0 and u64::MAX.
-        let pool: Vec<u64> = (0..300u64)
-            .map(|k| match k % 3 {
-                0 => k.wrapping_mul(0x9e37_79b9_7f4a_7c15),
-                1 => u64::MAX - k,
-                _ => k,
-            })
-            .collect();
+        let pool = id_pool();
         for step in 0..20_000u32 {
             let id = pool[rng.below(pool.len() as u64) as usize];
             match rng.below(4) {
