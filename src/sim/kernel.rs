@@ -326,10 +326,9 @@ impl<M> Kernel<M> {
             if first >= n {
                 break;
             }
-            // The earliest child, chosen by selects rather than jumps; a missing child is
-            // `NO_KEY`, never the earliest.
-            // The lines of the next level down (the children's children), asked for while
-            // this one is compared: the levels below the first few are cold at scale.
+            // The lines of the next level down (child `first + c`'s children are line
+            // `first + c + 1`), asked for while this one is compared: the levels below the
+            // first few are cold at scale.
             let below = ARITY * first + 1;
             if below < n {
                 let lines = heap.lines.as_ptr();
@@ -337,6 +336,8 @@ impl<M> Kernel<M> {
                     crate::sim::prefetch::bytes(lines.wrapping_add(first + c + 1).cast(), 1);
                 }
             }
+            // The earliest child, chosen by selects rather than jumps; a missing child is
+            // `NO_KEY`, never the earliest.
             let kids = heap.children(pos);
             let (mut best, mut at) = (kids[0], 0);
             for (i, &k) in kids.iter().enumerate().skip(1) {
