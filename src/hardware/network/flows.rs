@@ -128,6 +128,12 @@ impl Flows {
         (flows, self.links.iter().map(Link::bandwidth).collect())
     }
 
+    /// Sets the re-shares' mark (for tests: `u32::MAX` makes the next one wrap).
+    #[cfg(test)]
+    pub(super) fn set_stamp(&mut self, stamp: u32) {
+        self.stamp = stamp;
+    }
+
     pub(super) fn active(&self) -> usize {
         self.active
     }
@@ -227,6 +233,17 @@ impl Flows {
     /// links, and queues a new finish time for each flow whose rate changed.
     fn reshare(&mut self, now: Nanos, seeds: impl Iterator<Item = u32>) {
         self.stamp = self.stamp.wrapping_add(1);
+        if self.stamp == 0 {
+            // Wrapped, after 2^32 re-shares: clear every mark, so that none equals a new one
+            // (0 is every mark's start, so it is never a re-share's own).
+            for link in &mut self.links {
+                link.stamp = 0;
+            }
+            for f in &mut self.flows {
+                f.stamp = 0;
+            }
+            self.stamp = 1;
+        }
         let stamp = self.stamp;
         self.comp_links.clear();
         self.comp_flows.clear();

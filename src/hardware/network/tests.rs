@@ -303,13 +303,31 @@ fn assert_max_min(net: &Network) {
 
 #[test]
 fn random_flows_get_max_min_fair_rates() {
+    random_flows(50, None);
+}
+
+/// The re-shares' mark wraps (after 2^32 re-shares in a long run): the rates stay max-min
+/// fair through it, as they are without it.
+#[test]
+fn flows_stay_max_min_fair_when_the_reshare_mark_wraps() {
+    for ahead in [1, 7, 30] {
+        random_flows(6, Some(u32::MAX - ahead));
+    }
+}
+
+/// Random flows starting and ending on a small cluster, checked max-min fair after each
+/// change; `stamp` sets the re-shares' mark of each case's network first.
+fn random_flows(cases: usize, stamp: Option<u32>) {
     let mut rng = crate::rng::Stream::new(7, 0);
-    for case in 0..50 {
+    for case in 0..cases {
         let mut spec = cluster(4);
         spec.gpus_per_node = 2;
         spec.pcie.bandwidth = [0.3e9, 1e9, 3e9][case % 3];
         spec.host.memory_bandwidth = [0.8e9, 5e9][case % 2];
         let mut net = Network::new(&spec);
+        if let Some(s) = stamp {
+            net.flows.set_stamp(s);
+        }
         let place = |r: &mut crate::rng::Stream| {
             let node = r.below(4) as u32;
             match r.below(3) {
