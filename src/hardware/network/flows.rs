@@ -81,13 +81,8 @@ fn share_key(share: f64, link: u32) -> u128 {
 
 /// Nanoseconds to send `bytes` at `rate` bytes/s, rounded up.
 fn duration(bytes: f64, rate: f64) -> Nanos {
-    let ns = (bytes.max(0.0) / rate * 1e9).ceil();
     // Bounded: a transfer longer than ~584 years is as good as never.
-    Nanos(if ns < u64::MAX as f64 {
-        ns as u64
-    } else {
-        u64::MAX / 2
-    })
+    Nanos(crate::units::ceil_u64(bytes.max(0.0) / rate * 1e9).unwrap_or(u64::MAX / 2))
 }
 
 impl Flows {
