@@ -124,7 +124,7 @@ mod tests {
     /// The library's ceil, as the rounding was computed before `ceil_u64`.
     fn by_libm(x: f64) -> Option<u64> {
         let c = libm::ceil(x);
-        (!c.is_nan() && c < u64::MAX as f64).then(|| c as u64)
+        (!c.is_nan() && c < u64::MAX as f64).then_some(c as u64)
     }
 
     #[test]
