@@ -222,8 +222,9 @@ fn close_gap<S: Copy>(
     }
 }
 
-/// Counts by id (a node's remote reads of each tensor): the count lives in the slot beside its id (a count is at least 1; 0 marks an
-/// empty slot), so an id's count is one line, asked for ahead with [`IdCounts::prefetch`].
+/// Counts by id (a node's remote reads of each tensor): the count lives in the slot beside
+/// its id (a count is at least 1; 0 marks an empty slot), so an id's count is one line, asked
+/// for ahead with [`IdCounts::prefetch`].
 /// The table is at most three quarters full (a `HashMap` of the same pairs is at most seven
 /// eighths full, with a control byte an entry), so that a probe that misses stays short and
 /// the counts take not much more than a `HashMap` of them took (ptstore at 560 nodes and
