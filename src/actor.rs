@@ -146,15 +146,25 @@ pub trait Actor<M>: Send {
 
 /// Where an actor's state outside its own value lies that its next event will read: the
 /// first line of each of `count` elements, `stride` bytes apart from the address `base`, and
-/// up to two more values `(address, bytes)`. Only a hint for the simulator, which asks the
-/// processor for these lines while the event before runs (`sim::prefetch`): the addresses
-/// are never dereferenced, so a hint that went stale is harmless and changes no result.
+/// up to two more values at `values`, of `value_bytes` bytes. Only a hint for the simulator,
+/// which asks the processor for these lines while the event before runs (`sim::prefetch`):
+/// the addresses are never dereferenced, so a hint that went stale is harmless and changes no
+/// result. Its 32 bytes share a cache line with the rest of what the simulator reads of an
+/// actor at every event, so the counts are held to 16 bits (the simulator asks for at most
+/// 32 elements and 1 KiB of a value anyway; a stride held to 65,535 only asks for other
+/// lines).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Hot {
     pub base: usize,
-    pub stride: u32,
-    pub count: u32,
-    pub values: [(usize, u32); 2],
+    pub values: [usize; 2],
+    pub value_bytes: [u16; 2],
+    pub stride: u16,
+    pub count: u16,
+}
+
+/// `n` held to what 16 bits hold.
+fn held(n: usize) -> u16 {
+    n.min(u16::MAX as usize) as u16
 }
 
 impl Hot {
@@ -162,16 +172,16 @@ impl Hot {
     pub fn of<T>(items: &[T]) -> Hot {
         Hot {
             base: items.as_ptr().addr(),
-            stride: std::mem::size_of::<T>() as u32,
-            count: items.len() as u32,
-            values: [(0, 0); 2],
+            stride: held(std::mem::size_of::<T>()),
+            count: held(items.len()),
+            ..Hot::default()
         }
     }
 
-    /// Adds `v` (its first [`u32::MAX`] bytes) as the `i`-th more value (0 or 1).
+    /// Adds `v` (its first 65,535 bytes) as the `i`-th more value (0 or 1).
     pub fn with<T: ?Sized>(mut self, i: usize, v: &T) -> Hot {
-        let bytes = std::mem::size_of_val(v).min(u32::MAX as usize) as u32;
-        self.values[i] = ((v as *const T).cast::<u8>().addr(), bytes);
+        self.values[i] = (v as *const T).cast::<u8>().addr();
+        self.value_bytes[i] = held(std::mem::size_of_val(v));
         self
     }
 }

@@ -1066,8 +1066,8 @@ mod tests {
         assert!(pool.allocate(2, &mut b));
         let head = &pool.runs[pool.head as usize];
         let h = pool.hint(Hot::default());
-        assert_eq!(h.values[1].0, (head as *const Run).addr());
-        assert_eq!(h.values[1].1 as usize, std::mem::size_of::<Run>());
+        assert_eq!(h.values[1], (head as *const Run).addr());
+        assert_eq!(h.value_bytes[1] as usize, std::mem::size_of::<Run>());
         pool.release(&mut b);
     }
 

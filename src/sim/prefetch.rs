@@ -33,10 +33,10 @@ pub const MAX_HOT_LINES: u32 = 32;
 #[inline]
 pub fn hot(h: crate::actor::Hot) {
     let stride = h.stride.max(1) as usize;
-    for i in 0..h.count.min(MAX_HOT_LINES) as usize {
+    for i in 0..u32::from(h.count).min(MAX_HOT_LINES) as usize {
         bytes(h.base.wrapping_add(i * stride) as *const u8, 1);
     }
-    for (at, n) in h.values {
+    for (at, n) in h.values.into_iter().zip(h.value_bytes) {
         bytes(at as *const u8, n as usize);
     }
 }

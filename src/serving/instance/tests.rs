@@ -646,8 +646,8 @@ fn its_cache_hint_names_the_running_sequences_and_the_backend_as_the_batch_chang
         assert_eq!(h.count as usize, i.running.len());
         assert_eq!(h.base, i.running.as_ptr().addr());
         assert_eq!(h.stride as usize, std::mem::size_of::<Seq>());
-        assert_eq!(h.values[0].0, backend);
-        assert!(h.values[0].1 > 0);
+        assert_eq!(h.values[0], backend);
+        assert!(h.value_bytes[0] > 0);
     };
     expect(&i);
     for r in 0..3 {
