@@ -15,9 +15,9 @@
 //! Every operation is O(log n) amortised.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 
-use crate::hash::IdBuildHasher;
+use super::id_map::IdMap;
 
 /// Which order a cache evicts in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -75,7 +75,9 @@ fn key_of(kind: Eviction, clock: f64, freq: u32, value: f64, tick: u64) -> u64 {
 #[derive(Debug)]
 pub struct EvictionQueue {
     heap: BinaryHeap<Item>,
-    entries: HashMap<u64, Entry, IdBuildHasher>,
+    /// The entries by id, in a map whose probes can be asked for ahead (a lookup touches
+    /// every tensor it plans, in the queues of their nodes: see [`EvictionQueue::prefetch`]).
+    entries: IdMap<Entry>,
     kind: Eviction,
     /// GDSF clock L.
     clock: f64,
@@ -85,7 +87,7 @@ impl EvictionQueue {
     pub fn new(kind: Eviction) -> EvictionQueue {
         EvictionQueue {
             heap: BinaryHeap::new(),
-            entries: HashMap::default(),
+            entries: IdMap::default(),
             kind,
             clock: 0.0,
         }
@@ -101,6 +103,17 @@ impl EvictionQueue {
 
     pub fn contains(&self, id: u64) -> bool {
         self.entries.contains_key(&id)
+    }
+
+    /// Asks the processor for the line of `id`'s slot (a cache hint: nothing changes); then
+    /// [`EvictionQueue::prefetch_entry`] for its entry.
+    pub fn prefetch(&self, id: u64) {
+        self.entries.prefetch(id);
+    }
+
+    /// Asks for `id`'s entry, if present (its slot is read: ask for it first).
+    pub fn prefetch_entry(&self, id: u64) {
+        self.entries.prefetch_record(id);
     }
 
     fn key(&self, freq: u32, value: f64, tick: u64) -> u64 {

@@ -571,9 +571,26 @@ impl Directory {
             }
         }
         // One access to the copy that serves each planned tensor (see "Access counts" in the
-        // module doc): the reader's replica if it has one, else the owner's tensor. Touched
-        // from the last tensor to the first, so that under LRU a prefix's early tensors are
-        // the most recent.
+        // module doc): the reader's replica if it has one, else the owner's tensor. Their
+        // entries in the eviction queues of their nodes are asked for first, slots and then
+        // entries, so that the misses overlap (as the walk's above); at 2,240 GPUs the
+        // touches waited for each, and were two fifths of a lookup. Touched from the last
+        // tensor to the first, so that under LRU a prefix's early tensors are the most recent.
+        let servers = &self.servers;
+        let queue = |s: &Served| {
+            let server = &servers[s.node as usize];
+            match (s.replica, s.loc) {
+                (true, _) => &server.replica_q,
+                (false, Location::Host) => &server.host_q,
+                (false, Location::Ssd) => &server.ssd_q,
+            }
+        };
+        for (s, &id) in served.iter().zip(&chain[skip..]) {
+            queue(s).prefetch(id);
+        }
+        for (s, &id) in served.iter().zip(&chain[skip..]) {
+            queue(s).prefetch_entry(id);
+        }
         for (i, s) in served.iter().enumerate().rev() {
             let id = chain[skip + i];
             self.tick += 1;
