@@ -145,24 +145,17 @@ impl<V> IdMap<V> {
         None
     }
 
-    /// Doubles the table and places every id again, in the order of the old slots (so the
-    /// layout follows from the operations alone): an id's new home is twice its old one or
-    /// one more, so the ids land in the new table in order and its lines are written one after
-    /// another. In record order they landed at random, a cache miss each once the table
-    /// outgrows the caches (a store's tables at 2,240 GPUs, see [`grow_in_order`]).
+    /// Doubles the table and places every id again (in record order, so the layout follows
+    /// from the operations alone).
     fn grow(&mut self) {
         let n = self.slots.len() * 2;
-        let old = std::mem::replace(&mut self.slots, vec![FREE; n]);
+        self.slots = vec![FREE; n];
         self.shift = 64 - n.trailing_zeros();
-        grow_in_order(
-            &old,
-            |s| s.at != EMPTY,
-            |s| {
-                let (i, found) = self.find(s.id);
-                debug_assert!(!found);
-                self.slots[i] = s;
-            },
-        );
+        for (at, &id) in self.ids.iter().enumerate() {
+            let (i, found) = self.find(id);
+            debug_assert!(!found);
+            self.slots[i] = Slot { id, at: at as u32 };
+        }
     }
 
     /// Removes `id`; returns its record.
@@ -197,23 +190,6 @@ impl<V> IdMap<V> {
     /// Ids and records, in no order the callers may rely on.
     pub fn iter(&self) -> impl Iterator<Item = (&u64, &V)> + '_ {
         self.ids.iter().zip(&self.records)
-    }
-}
-
-/// Places the used slots of a linear-probing table again, with `place`, after the table has
-/// doubled: in the old slots' order, starting after an empty one (so that a run that wrapped
-/// past the old table's end is placed whole, at the new end). Homes are an id's top bits, so
-/// the new homes of slots in order are in order too, and the new table is written from its
-/// start to its end, line after line, where placing ids in any other order writes a line at
-/// random for each (at 2,240 GPUs ptstore's counts of remote reads, whose growing was a third
-/// of their cost). Only where an id lands changes; what the table holds does not.
-fn grow_in_order<S: Copy>(old: &[S], used: impl Fn(&S) -> bool, mut place: impl FnMut(S)) {
-    let start = old.iter().position(|s| !used(s)).unwrap_or(0);
-    for k in 0..old.len() {
-        let s = old[(start + k) % old.len()];
-        if used(&s) {
-            place(s);
-        }
     }
 }
 
@@ -325,14 +301,10 @@ impl IdCounts {
             let n = 2 * self.slots.len();
             let old = std::mem::replace(&mut self.slots, vec![NO_COUNT; n]);
             self.shift -= 1;
-            grow_in_order(
-                &old,
-                |s| s.count != 0,
-                |s| {
-                    let (i, _) = self.find(s.id);
-                    self.slots[i] = s;
-                },
-            );
+            for s in old.into_iter().filter(|s| s.count != 0) {
+                let (i, _) = self.find(s.id);
+                self.slots[i] = s;
+            }
         }
         let (i, _) = self.find(id);
         self.slots[i] = CountSlot { id, count: 1 };
@@ -466,8 +438,7 @@ mod tests {
     }
 
     /// Ids whose homes are all the last slot, so that their run wraps past the table's end
-    /// at every size: each doubling places the wrapped run again (whole, at the new end), and
-    /// every id and count is still found after it.
+    /// at every size: every id and count is still found after each doubling places them again.
     #[test]
     fn tables_that_grow_with_a_run_wrapped_past_their_end_keep_every_id() {
         let mut m: IdMap<u64> = IdMap::default();
