@@ -443,21 +443,9 @@ impl Directory {
     /// access to every tensor it plans to load.
     pub fn lookup(&mut self, chain: &[TensorId], skip: usize, reader: u32) -> LoadPlan {
         // The chain's slots, then its records, asked for before the walk, so that their
-        // misses overlap instead of coming one step at a time (see `IdMap`); with
-        // replication, the reader's counts of remote reads too, which every remote tensor
-        // the plan holds updates.
-        let counts = self
-            .params
-            .replicate_after_reads
-            .map(|_| &self.servers[reader as usize].remote_reads);
-        let ahead = &chain[skip.min(chain.len())..];
+        // misses overlap instead of coming one step at a time (see `IdMap`).
         for &id in chain {
             self.tensors.prefetch(id);
-        }
-        if let Some(c) = counts {
-            for &id in ahead {
-                c.prefetch(id);
-            }
         }
         for &id in chain {
             self.tensors.prefetch_record(id);
