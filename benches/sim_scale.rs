@@ -2,7 +2,8 @@
 //! of an event must not grow with the cluster. Run with `cargo bench --bench sim_scale`
 //! (`SIM_POLICY=name` picks the policy, `local-prefix` by default; `SIM_ROUNDS=N` the rounds
 //! per size, 3 by default, five times as many for the small cluster, whose rounds are short
-//! and noisy); under `cargo test --benches` (no `--bench` argument) it runs a
+//! and noisy; `SIM_ONLY=k` runs only the `k`-th of the three runs below, 1 to 3, for a
+//! profiler, and prints no ratio); under `cargo test --benches` (no `--bench` argument) it runs a
 //! few hundred requests per size and checks that every request finished. The rates of that
 //! short round mean nothing: building 2,240 instances outweighs 600 requests, and test builds
 //! check every actor's invariants every 1,024 events.
@@ -185,8 +186,18 @@ fn main() {
             same,
         ),
     ];
+    let only: Option<usize> = std::env::var("SIM_ONLY")
+        .ok()
+        .map(|k| k.parse().expect("SIM_ONLY is 1, 2 or 3"));
+    assert!(
+        only.is_none_or(|k| (1..=3).contains(&k)),
+        "SIM_ONLY is 1, 2 or 3"
+    );
     let mut medians = Vec::new();
-    for (size, what, s, t) in runs {
+    for (k, (size, what, s, t)) in runs.into_iter().enumerate() {
+        if only.is_some_and(|o| o != k + 1) {
+            continue;
+        }
         let n = rounds * size.rounds_per_round;
         let r = rates(s, t.clone(), n);
         let (lo, hi) = (
@@ -208,6 +219,9 @@ fn main() {
             100.0 * r.reuse,
         );
         medians.push(m);
+    }
+    if only.is_some() {
+        return;
     }
     println!(
         "  32 GPUs as committed / 2,240 GPUs: {:.2}x (the issue's measure; the same events for \

@@ -25,11 +25,52 @@ pub const ROOT_PARENT: u64 = 0;
 
 /// Chained block hash: identifies a block by its tokens *and* everything before it.
 pub fn block_hash(parent: u64, tokens: &[u32]) -> u64 {
-    let mut h = mix64(parent ^ FX_K);
-    for &t in tokens {
-        h = (h.rotate_left(5) ^ t as u64).wrapping_mul(FX_K);
+    let mut block = PartialBlock::new(parent);
+    block.push(tokens);
+    block.finish()
+}
+
+/// A block's hash in the making: its parent and the tokens folded in so far, so that a
+/// block whose tokens come in pieces (a prompt's segments end mid-block) is hashed as they
+/// come, without gathering them first. `finish` gives [`block_hash`] of the parent and
+/// every token pushed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartialBlock {
+    h: u64,
+    tokens: usize,
+}
+
+impl PartialBlock {
+    /// A block after `parent`, with no token yet.
+    pub fn new(parent: u64) -> PartialBlock {
+        PartialBlock {
+            h: mix64(parent ^ FX_K),
+            tokens: 0,
+        }
     }
-    mix64(h)
+
+    /// Folds `tokens` in, in order.
+    #[inline]
+    pub fn push(&mut self, tokens: &[u32]) {
+        for &t in tokens {
+            self.h = (self.h.rotate_left(5) ^ t as u64).wrapping_mul(FX_K);
+        }
+        self.tokens += tokens.len();
+    }
+
+    /// Tokens folded in so far.
+    pub fn len(&self) -> usize {
+        self.tokens
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens == 0
+    }
+
+    /// The block's hash.
+    pub fn finish(self) -> u64 {
+        mix64(self.h)
+    }
 }
 
 /// A hasher for keys that are already well-mixed 64-bit hashes.

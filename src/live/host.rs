@@ -665,7 +665,7 @@ mod tests {
                 self.got = true;
             }
         }
-        fn report(&self, report: &mut Report) {
+        fn report(&mut self, report: &mut Report) {
             if !self.got {
                 report.violations.push("the sink got nothing".into());
             }
@@ -682,7 +682,7 @@ mod tests {
                 ctx.send(ActorId(0), T::Done, 0);
             }
         }
-        fn report(&self, _report: &mut Report) {}
+        fn report(&mut self, _report: &mut Report) {}
     }
 
     /// At the start, sets a timer; then sends `Ping` to actor 1.
@@ -697,7 +697,7 @@ mod tests {
                 ctx.send(ActorId(1), T::Ping, 0);
             }
         }
-        fn report(&self, _report: &mut Report) {}
+        fn report(&mut self, _report: &mut Report) {}
     }
 
     /// Panics at the start.
@@ -708,7 +708,7 @@ mod tests {
             panic!("boom");
         }
         fn handle(&mut self, _msg: T, _ctx: &mut dyn Context<T>) {}
-        fn report(&self, _report: &mut Report) {}
+        fn report(&mut self, _report: &mut Report) {}
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -735,7 +735,7 @@ mod tests {
                 ctx.timer(Nanos::from_secs(20), T::Done);
             }
             fn handle(&mut self, _msg: T, _ctx: &mut dyn Context<T>) {}
-            fn report(&self, _report: &mut Report) {}
+            fn report(&mut self, _report: &mut Report) {}
         }
         let started = Instant::now();
         let actors: Vec<Box<dyn Actor<T>>> = vec![Box::new(Waiter), Box::new(Faulty)];

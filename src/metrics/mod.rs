@@ -155,7 +155,14 @@ impl Report {
         self.first_logits.extend(first_logits);
         self.failovers += failovers;
         self.failed_loads += failed_loads;
-        self.records.extend(records);
+        // Moved, not copied, into a report that has none yet (the usual case: the host's
+        // report takes the router's records, hundreds of MiB at cluster scale, whose copy was
+        // a fresh allocation's page faults and a pass over all of them).
+        if self.records.is_empty() {
+            self.records = records;
+        } else {
+            self.records.extend(records);
+        }
         self.instances.extend(instances);
         if store.is_some() {
             self.store = store;

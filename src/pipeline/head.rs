@@ -303,7 +303,7 @@ impl Actor<Msg> for Head {
         Ok(())
     }
 
-    fn report(&self, report: &mut Report) {
+    fn report(&mut self, report: &mut Report) {
         report.records.extend(self.records.iter().cloned());
         report.failovers += self.restarted;
         let mut outputs = self.outputs.clone();

@@ -169,7 +169,7 @@ impl Actor<Msg> for ShardNode {
         Ok(())
     }
 
-    fn report(&self, report: &mut Report) {
+    fn report(&mut self, report: &mut Report) {
         let s = self.shard.stats();
         report.instances.push(InstanceStats {
             iterations: self.steps,

@@ -102,7 +102,7 @@ impl Actor<Msg> for Chaos {
         }
     }
 
-    fn report(&self, report: &mut Report) {
+    fn report(&mut self, report: &mut Report) {
         report.violations.extend(self.violations.iter().cloned());
     }
 }

@@ -5,8 +5,8 @@
 //! `kv-aware` router. But prompts are made of segments that many prompts share (a system
 //! prompt and a context before a question), and the hashes of the blocks before the last
 //! segment depend only on the segments before it. So the state of the chain after every
-//! segment but the last (the hashes of its full blocks, the parent hash and the tokens of the
-//! partial block) is kept under that list of segments, and a prompt is hashed from there:
+//! segment but the last (the hashes of its full blocks, and the partial block's hash in the
+//! making, a [`PartialBlock`]) is kept under that list of segments, and a prompt is hashed from there:
 //! the result is exactly [`Trace::block_hashes`]'s (a test checks it).
 //!
 //! **Shared, not copied.** A prompt's hashes are a [`ChainHashes`]: the memo's array for its
@@ -29,7 +29,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::hash::{IdBuildHasher, ROOT_PARENT, block_hash, mix64};
+use crate::hash::{IdBuildHasher, PartialBlock, ROOT_PARENT, mix64};
 use crate::workload::{ReqId, SegId, Trace};
 
 /// Most hashes the memo holds (8 bytes each: 32 MiB).
@@ -42,9 +42,9 @@ struct Chain {
     block_size: usize,
     leading: Vec<SegId>,
     hashes: Arc<[u64]>,
-    parent: u64,
-    /// Tokens of the partial block at the end (fewer than a block).
-    rest: Vec<u32>,
+    /// The partial block at the end (fewer tokens than a block; none if the segments end
+    /// at a block's end), after the last full block.
+    rest: PartialBlock,
 }
 
 #[derive(Debug, Default)]
@@ -52,9 +52,8 @@ struct Memo {
     /// Chains by [`memo_key`] of their block size and list of leading segments.
     chains: HashMap<u64, Chain, IdBuildHasher>,
     hashes: usize,
-    /// Scratch for a prompt's own blocks: its hashes, and the tokens of a partial block.
+    /// Scratch for a prompt's own blocks' hashes.
     tail: Vec<u64>,
-    block: Vec<u32>,
 }
 
 /// A prompt's chain of block hashes, from its first block: the hashes of its leading
@@ -196,14 +195,11 @@ impl PromptHashes {
             };
         }
         memo.tail.clear();
-        memo.block.clear();
-        memo.block.extend_from_slice(&chain.rest);
         fold(
             &self.trace,
             std::slice::from_ref(last),
             block_size,
-            chain.parent,
-            &mut memo.block,
+            chain.rest,
             &mut memo.tail,
         );
         ChainHashes {
@@ -215,35 +211,31 @@ impl PromptHashes {
     /// The chain after `segments`, from the start of a prompt.
     fn chain(&self, segments: &[SegId], block_size: usize) -> Chain {
         let mut hashes = Vec::new();
-        let mut rest = Vec::with_capacity(block_size);
-        let parent = fold(
+        let rest = fold(
             &self.trace,
             segments,
             block_size,
-            ROOT_PARENT,
-            &mut rest,
+            PartialBlock::new(ROOT_PARENT),
             &mut hashes,
         );
         Chain {
             block_size,
             leading: segments.to_vec(),
             hashes: hashes.into(),
-            parent,
             rest,
         }
     }
 }
 
-/// Folds the tokens of `segments` into the chain (`parent`, the partial `block`), appending
-/// the hash of every block it fills to `out`; returns the last parent.
+/// Folds the tokens of `segments` into the chain from its partial `block`, appending the
+/// hash of every block it fills to `out`; returns the partial block at the end.
 fn fold(
     trace: &Trace,
     segments: &[SegId],
     block_size: usize,
-    mut parent: u64,
-    block: &mut Vec<u32>,
+    mut block: PartialBlock,
     out: &mut Vec<u64>,
-) -> u64 {
+) -> PartialBlock {
     for &s in segments {
         // A pseudo segment is made here, one segment at a time.
         let seg = trace.arena.segment(s);
@@ -251,21 +243,16 @@ fn fold(
         // Bounded: every round takes at least one token.
         while !tokens.is_empty() {
             let take = (block_size - block.len()).min(tokens.len());
-            if block.is_empty() && take == block_size {
-                parent = block_hash(parent, &tokens[..take]);
-                out.push(parent);
-            } else {
-                block.extend_from_slice(&tokens[..take]);
-                if block.len() == block_size {
-                    parent = block_hash(parent, block);
-                    out.push(parent);
-                    block.clear();
-                }
+            block.push(&tokens[..take]);
+            if block.len() == block_size {
+                let h = block.finish();
+                out.push(h);
+                block = PartialBlock::new(h);
             }
             tokens = &tokens[take..];
         }
     }
-    parent
+    block
 }
 
 #[cfg(test)]

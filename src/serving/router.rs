@@ -329,10 +329,14 @@ impl Actor<Msg> for Router {
         Ok(())
     }
 
-    fn report(&self, report: &mut Report) {
+    fn report(&mut self, report: &mut Report) {
         report.violations.extend(self.violations.iter().cloned());
-        let mut records = self.records.clone();
+        // Moved out, not copied (see `Actor::report`): a copy was as many fresh pages.
+        // The pending firsts and ends go with them, so that the router stays consistent.
+        let mut records = std::mem::take(&mut self.records);
         write_pending(&mut records, &self.firsts, &self.ends);
+        self.firsts.clear();
+        self.ends.clear();
         // Network bytes: the prompts sent (once per dispatch, counted then) and the token ids
         // streamed back: the first token, and the others once the request finished (counted
         // here, so that those messages do not read the record).

@@ -697,7 +697,7 @@ impl<M> SimHost<M> {
             violations: std::mem::take(&mut self.violations),
             ..Report::default()
         };
-        for seat in &self.seats {
+        for seat in &mut self.seats {
             let mut part = Report::default();
             seat.actor.report(&mut part);
             report.merge(part);
@@ -747,7 +747,7 @@ mod tests {
                 Ok(())
             }
         }
-        fn report(&self, _report: &mut Report) {}
+        fn report(&mut self, _report: &mut Report) {}
     }
 
     fn host(check_every: u64, breaks_at: u64) -> SimHost<()> {
@@ -819,7 +819,7 @@ mod tests {
                 Some(ok) => self.got.lock().unwrap().push((ok, ctx.now())),
             }
         }
-        fn report(&self, _report: &mut Report) {}
+        fn report(&mut self, _report: &mut Report) {}
     }
 
     /// (delivered `done`, at) of a 1 MB read at 1 GB/s (1 ms) started at `start_at`, with

@@ -266,6 +266,15 @@ pub struct Instance {
     spare: Spare,
 }
 
+/// Most sequences an instance makes room for in its batch when it is built (`max_num_seqs`
+/// if smaller): 8 KiB, more than a batch's usual size under load. Growing the batch's list
+/// from empty took about seven reallocations an instance, each an aligned allocation past
+/// the small sizes, which glibc's allocator serves only after merging every small free chunk
+/// it holds (`malloc_consolidate`): vanilla on 2,240 GPUs (`sim_scale`'s 300,000 requests)
+/// made 10,033 such merges with an empty list and 3,414 with this room; they were 1.9 % of
+/// its samples.
+const RUNNING_RESERVE: u32 = 64;
+
 /// Most buffers an instance keeps for reuse. An instance admits a few requests between two
 /// that finish, so a few cover them; the bound keeps what waits small.
 const MAX_SPARE: usize = 4;
@@ -342,7 +351,7 @@ impl Instance {
             policy,
             cfg,
             waiting: VecDeque::new(),
-            running: Vec::new(),
+            running: Vec::with_capacity(cfg.max_num_seqs.min(RUNNING_RESERVE) as usize),
             parked: Vec::new(),
             busy_since: None,
             phase: Phase::Compute,
@@ -849,7 +858,7 @@ impl Actor<Msg> for Instance {
             .hint(Hot::of(&self.running).with(0, &*self.backend))
     }
 
-    fn report(&self, report: &mut Report) {
+    fn report(&mut self, report: &mut Report) {
         report.violations.extend(self.violations.iter().cloned());
         report.failed_loads += self.failed_loads;
         report.outputs.extend(self.outputs.iter().cloned());

@@ -167,7 +167,7 @@ impl Actor<Msg> for Metadata {
         self.dir.check().map_err(|e| format!("store: {e}"))
     }
 
-    fn report(&self, report: &mut Report) {
+    fn report(&mut self, report: &mut Report) {
         // The directory's full check reads every tensor record: the host runs it (`check`)
         // after the last event where checks are on, as it does every instance's pool check.
         report.violations.extend(self.violations.iter().cloned());
