@@ -37,7 +37,7 @@ impl Instance {
         if let Some(s) = self
             .waiting
             .iter()
-            .chain(self.loading.values())
+            .chain(&self.loading)
             .find(|s| started(s))
         {
             return Err(me(format!("request {} loads while queued", s.req.0)));

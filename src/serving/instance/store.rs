@@ -14,7 +14,8 @@ impl Instance {
         losses: u32,
         ctx: &mut dyn Context<Msg>,
     ) {
-        let (Some(st), Some(mut seq)) = (self.store.as_ref(), self.loading.remove(&req)) else {
+        let (Some(st), Some(mut seq)) = (self.store.as_ref(), take_loading(&mut self.loading, req))
+        else {
             let me = format!("instance {}", self.index);
             let what = format!("a lookup reply for request {} that is not loading", req.0);
             unexpected(&mut self.violations, &me, &what);
@@ -345,4 +346,10 @@ impl Instance {
             _ => {}
         }
     }
+}
+
+/// The request `req` waiting for its lookup, taken out of `loading`.
+fn take_loading(loading: &mut Vec<Seq>, req: ReqId) -> Option<Seq> {
+    let i = loading.iter().position(|s| s.req == req)?;
+    Some(loading.swap_remove(i))
 }
