@@ -245,9 +245,9 @@ pub struct Instance {
     look_in_gpu: bool,
     store: Option<StoreLink>,
     /// Requests waiting for their store lookup: a list, not a map. An instance has one or
-    /// two at a time, and an ordered map allocated a node of eleven sequences (1.5 KiB)
-    /// whenever it went from empty to one, a large allocation of glibc's that first merges
-    /// every small free chunk (`malloc_consolidate`), at most requests of a store policy.
+    /// two at a time, and an ordered map allocated a node with room for eleven sequences
+    /// (1.5 KiB) whenever it went from empty to one, and freed it when it went back: at most
+    /// requests of a store policy.
     loading: Vec<Seq>,
     /// Prices (or runs) each iteration.
     backend: Box<dyn BatchBackend>,
