@@ -70,6 +70,8 @@ pub struct Router {
     nodes: Vec<u32>,
     alive: Vec<bool>,
     failovers: u64,
+    /// Its records went into a report (see [`Router::report`]).
+    reported: bool,
     /// What the router knows of each instance's KV cache (`kv-aware` only).
     kv: Option<KvRouting>,
     /// The prompts' block hashes (`kv-aware` only; a memo shared by the actors).
@@ -107,6 +109,7 @@ impl Router {
             alive: vec![true; nodes.len()],
             nodes,
             failovers: 0,
+            reported: false,
             kv: None,
             hashes: None,
         }
@@ -331,6 +334,13 @@ impl Actor<Msg> for Router {
 
     fn report(&mut self, report: &mut Report) {
         report.violations.extend(self.violations.iter().cloned());
+        if std::mem::replace(&mut self.reported, true) {
+            // A second report would be silently empty: say so instead.
+            report.violations.push(
+                "router: asked for its report twice (its records went with the first)".into(),
+            );
+            return;
+        }
         // Moved out, not copied (see `Actor::report`): a copy was as many fresh pages.
         // The pending firsts and ends go with them, so that the router stays consistent.
         let mut records = std::mem::take(&mut self.records);
@@ -448,6 +458,14 @@ mod tests {
     /// (a request that streamed fails, the others fail over), and a stale message from the
     /// node that went down.
     fn story(limit: usize) -> Report {
+        let mut router = story_router(limit);
+        let mut report = Report::default();
+        router.report(&mut report);
+        report
+    }
+
+    /// The router at the end of [`story`], before its report.
+    fn story_router(limit: usize) -> Router {
         let n = 12;
         let instances: Vec<ActorId> = (1..=4).map(ActorId).collect();
         let mut router = Router::new(
@@ -503,9 +521,23 @@ mod tests {
         for (k, r) in [2u32, 11, 3, 8, 6, 10].into_iter().enumerate() {
             finish(&mut router, &mut ctx, r, 600 + k as u64);
         }
-        let mut report = Report::default();
-        router.report(&mut report);
-        report
+        router
+    }
+
+    #[test]
+    fn a_second_report_says_the_records_went_with_the_first() {
+        let mut router = story_router(3);
+        let mut first = Report::default();
+        router.report(&mut first);
+        assert_eq!(first.records.len(), 12);
+        assert!(first.violations.is_empty(), "{:?}", first.violations);
+        let mut second = Report::default();
+        router.report(&mut second);
+        assert!(second.records.is_empty());
+        assert_eq!(
+            second.violations,
+            ["router: asked for its report twice (its records went with the first)"]
+        );
     }
 
     #[test]
