@@ -155,6 +155,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_block_hashed_in_pieces_is_the_block_hashed_whole() {
+        let tokens: Vec<u32> = (0..16).map(|i| i * 7919 + 3).collect();
+        let parent = block_hash(ROOT_PARENT, &[9, 9]);
+        let whole = block_hash(parent, &tokens);
+        for cut in 0..=tokens.len() {
+            let mut b = PartialBlock::new(parent);
+            b.push(&tokens[..cut]);
+            assert_eq!(b.len(), cut);
+            b.push(&[]);
+            b.push(&tokens[cut..]);
+            assert_eq!(b.len(), tokens.len());
+            assert_eq!(b.finish(), whole, "cut at {cut}");
+        }
+        assert!(PartialBlock::new(parent).is_empty());
+        assert_eq!(PartialBlock::new(parent).finish(), block_hash(parent, &[]));
+    }
+
+    #[test]
     fn block_hash_is_pinned_and_chained() {
         // Pinned value: changing the algorithm changes every result file, so it must be deliberate.
         let a = block_hash(ROOT_PARENT, &[1, 2, 3]);
