@@ -2,7 +2,8 @@
 //! of an event must not grow with the cluster. Run with `cargo bench --bench sim_scale`
 //! (`SIM_POLICY=name` picks the policy, `local-prefix` by default; `SIM_ROUNDS=N` the rounds
 //! per size, 3 by default, five times as many for the small cluster, whose rounds are short
-//! and noisy; `SIM_ONLY=k` runs only the `k`-th of the three runs below, 1 to 3, for a
+//! and noisy; the three runs' rounds are interleaved, so that the machine's drift moves
+//! them alike; `SIM_ONLY=k` runs only the `k`-th of the three runs below, 1 to 3, for a
 //! profiler, and prints no ratio); under `cargo test --benches` (no `--bench` argument) it runs a
 //! few hundred requests per size and checks that every request finished. The rates of that
 //! short round mean nothing: building 2,240 instances outweighs 600 requests, and test builds
@@ -193,13 +194,32 @@ fn main() {
         only.is_none_or(|k| (1..=3).contains(&k)),
         "SIM_ONLY is 1, 2 or 3"
     );
-    let mut medians = Vec::new();
-    for (k, (size, what, s, t)) in runs.into_iter().enumerate() {
-        if only.is_some_and(|o| o != k + 1) {
-            continue;
+    // The runs' rounds interleaved: each pass runs every run's share of rounds in turn, so
+    // that this machine's drift (tens of percent within minutes) moves every run's rates
+    // alike and leaves their ratios (run one after the other, the measure moved
+    // from 1.7x to 2.3x between two runs of one build).
+    let runs: Vec<_> = (runs.into_iter().enumerate())
+        .filter(|(k, _)| only.is_none_or(|o| o == k + 1))
+        .map(|(_, r)| r)
+        .collect();
+    let mut got: Vec<Rates> = runs
+        .iter()
+        .map(|_| Rates {
+            rates: Vec::new(),
+            events_per_request: 0.0,
+            reuse: 0.0,
+        })
+        .collect();
+    for _ in 0..rounds {
+        for ((size, _, s, t), into) in runs.iter().zip(&mut got) {
+            let r = rates(s, t.clone(), size.rounds_per_round);
+            into.rates.extend(r.rates);
+            (into.events_per_request, into.reuse) = (r.events_per_request, r.reuse);
         }
-        let n = rounds * size.rounds_per_round;
-        let r = rates(s, t.clone(), n);
+    }
+    let mut medians = Vec::new();
+    for ((size, what, _, t), r) in runs.iter().zip(got) {
+        let n = r.rates.len();
         let (lo, hi) = (
             r.rates.iter().copied().fold(f64::INFINITY, f64::min),
             r.rates.iter().copied().fold(0.0, f64::max),
