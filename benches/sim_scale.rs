@@ -196,8 +196,8 @@ fn main() {
     );
     // The runs' rounds interleaved: each pass runs every run's share of rounds in turn, so
     // that this machine's drift (tens of percent within minutes) moves every run's rates
-    // alike and leaves their ratios (run one after the other, the measure moved
-    // from 1.7x to 2.3x between two runs of one build).
+    // alike and not their ratios (with the runs one after the other, the measure
+    // moved from 1.7x to 2.3x between two runs of one build).
     let runs: Vec<_> = (runs.into_iter().enumerate())
         .filter(|(k, _)| only.is_none_or(|o| o == k + 1))
         .map(|(_, r)| r)

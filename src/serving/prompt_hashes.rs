@@ -6,8 +6,8 @@
 //! prompt and a context before a question), and the hashes of the blocks before the last
 //! segment depend only on the segments before it. So the state of the chain after every
 //! segment but the last (the hashes of its full blocks, and the partial block's hash in the
-//! making, a [`PartialBlock`]) is kept under that list of segments, and a prompt is hashed from there:
-//! the result is exactly [`Trace::block_hashes`]'s (a test checks it).
+//! making, a [`PartialBlock`]) is kept under that list of segments, and a prompt is hashed
+//! from there: the result is exactly [`Trace::block_hashes`]'s (a test checks it).
 //!
 //! **Shared, not copied.** A prompt's hashes are a [`ChainHashes`]: the memo's array for its
 //! leading segments, shared, then an array of its own for its last segment's blocks. Every
