@@ -18,7 +18,7 @@ pub mod tokenize;
 
 pub use error::TraceError;
 
-use crate::hash::{ROOT_PARENT, block_hash};
+use crate::hash::{PartialBlock, ROOT_PARENT};
 use crate::units::Nanos;
 
 /// What a scenario's requests come from.
@@ -258,14 +258,13 @@ impl Trace {
     /// block has no hash: only full blocks can be shared).
     pub fn block_hashes(&self, id: ReqId, block_size: usize, out: &mut Vec<u64>) {
         out.clear();
-        let mut block = Vec::with_capacity(block_size);
-        let mut parent = ROOT_PARENT;
+        let mut block = PartialBlock::new(ROOT_PARENT);
         for t in self.prompt(id) {
-            block.push(t);
+            block.push(&[t]);
             if block.len() == block_size {
-                parent = block_hash(parent, &block);
-                out.push(parent);
-                block.clear();
+                let h = block.finish();
+                out.push(h);
+                block = PartialBlock::new(h);
             }
         }
     }
