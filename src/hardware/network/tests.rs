@@ -315,6 +315,70 @@ fn flows_stay_max_min_fair_when_the_reshare_mark_wraps() {
     }
 }
 
+/// Progressive filling stops once every flow of a component is fixed: the entries it leaves
+/// in its heap would only have been skipped, so every rate, every finish time and their order
+/// are bit for bit those of filling that pops every entry. Random loads from a few popular
+/// owners to many readers (stars of flows on a busy NIC, and components that are not stars),
+/// on two networks in lockstep.
+#[test]
+fn stopping_once_every_flow_is_fixed_changes_no_rate_and_no_reschedule() {
+    let mut rng = crate::rng::Stream::new(11, 0);
+    for case in 0..12 {
+        let mut spec = cluster(8);
+        spec.pcie.bandwidth = [0.5e9, 2e9, 1e10][case % 3];
+        spec.host.memory_bandwidth = [1.5e9, 1e11][case % 2];
+        let (mut early, mut every) = (Network::new(&spec), Network::new(&spec));
+        every.flows.set_exhaustive();
+        let mut now = Nanos::ZERO;
+        let mut due = std::collections::BTreeMap::new();
+        let mut most = 0;
+        for step in 0..150 {
+            now += Nanos(rng.below(500));
+            if rng.below(3) == 0 {
+                if let Some((&f, &(v, at))) = due.iter().min_by_key(|(_, (_, at))| *at) {
+                    now = now.max(at);
+                    assert_eq!(early.finish(now, f, v), every.finish(now, f, v));
+                    due.remove(&f);
+                }
+            } else {
+                // Two popular owners, any reader.
+                let owner = rng.below(2) as u32;
+                let reader = Place::Gpu {
+                    node: rng.below(8) as u32,
+                    gpu: rng.below(2) as u32,
+                };
+                let bytes = MB * (1 + rng.below(4));
+                if rng.below(5) == 0 {
+                    early.ssd_read(now, owner, reader, bytes).unwrap();
+                    every.ssd_read(now, owner, reader, bytes).unwrap();
+                } else {
+                    let from = Place::Host { node: owner };
+                    early.transfer(now, from, reader, bytes);
+                    every.transfer(now, from, reader, bytes);
+                }
+            }
+            let a: Vec<Reschedule> = early.reschedules().collect();
+            let b: Vec<Reschedule> = every.reschedules().collect();
+            assert_eq!(a, b, "case {case}, step {step}: the reschedules differ");
+            let ((fa, _), (fb, _)) = (early.flows.snapshot(), every.flows.snapshot());
+            let bits = |f: &[(f64, Vec<u32>)]| -> Vec<(u64, Vec<u32>)> {
+                f.iter().map(|(r, l)| (r.to_bits(), l.clone())).collect()
+            };
+            assert_eq!(
+                bits(&fa),
+                bits(&fb),
+                "case {case}, step {step}: the rates differ"
+            );
+            for r in a {
+                due.insert(r.flow, (r.version, r.at));
+            }
+            most = most.max(early.flows.active());
+        }
+        // The loads overlapped: the owners' links carried many flows at once.
+        assert!(most >= 10, "case {case}: at most {most} flows at once");
+    }
+}
+
 /// Random flows starting and ending on a small cluster, checked max-min fair after each
 /// change; `stamp` sets the re-shares' mark of each case's network first.
 fn random_flows(cases: usize, stamp: Option<u32>) {
