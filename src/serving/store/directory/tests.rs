@@ -472,6 +472,9 @@ fn replaying_the_changes_gives_exactly_what_every_node_holds() {
             }
         }
         assert_eq!(mirror, holdings(&d), "after step {step}");
+        // Every invariant too, through drops, replication and a lost node.
+        d.check()
+            .unwrap_or_else(|e| panic!("after step {step}: {e}"));
     }
     assert!(d.stats.demoted > 0 && d.stats.dropped > 0 && d.stats.replicas_evicted > 0);
 }
