@@ -4,7 +4,9 @@
 //! per size, 3 by default, five times as many for the small cluster, whose rounds are short
 //! and noisy; the three runs' rounds are interleaved, so that the machine's drift moves
 //! them alike; `SIM_ONLY=k` runs only the `k`-th of the three runs below, 1 to 3, for a
-//! profiler, and prints no ratio); under `cargo test --benches` (no `--bench` argument) it runs a
+//! profiler, and prints no ratio; `SIM_NODES=n` makes the full cluster `n` nodes instead of
+//! 560, with the same load a GPU, to see how the cost of an event grows with the cluster's
+//! size between the two); under `cargo test --benches` (no `--bench` argument) it runs a
 //! few hundred requests per size and checks that every request finished. The rates of that
 //! short round mean nothing: building 2,240 instances outweighs 600 requests, and test builds
 //! check every actor's invariants every 1,024 events.
@@ -54,7 +56,7 @@ const SCENARIO: &str = include_str!("../scenarios/polaris_32gpu.toml");
 
 /// One size of the cluster.
 struct Size {
-    label: &'static str,
+    label: String,
     nodes: u32,
     requests: u32,
     rate_per_s: f64,
@@ -132,6 +134,19 @@ fn rates(s: &Scenario, t: Arc<Trace>, rounds: usize) -> Rates {
     out
 }
 
+/// `n` with a comma between thousands, as the labels write it.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -147,22 +162,35 @@ fn main() {
         Err(_) => 3,
     };
     assert!(rounds > 0, "SIM_ROUNDS is at least 1");
-    let sizes = [
+    let mut sizes = [
         Size {
-            label: "32 GPUs",
+            label: "32 GPUs".into(),
             nodes: 8,
             requests: if quick { 300 } else { 20_000 },
             rate_per_s: 100.0,
             rounds_per_round: 5,
         },
         Size {
-            label: "2,240 GPUs",
+            label: "2,240 GPUs".into(),
             nodes: 560,
             requests: if quick { 600 } else { 300_000 },
             rate_per_s: 7_000.0,
             rounds_per_round: 1,
         },
     ];
+    if let Ok(n) = std::env::var("SIM_NODES") {
+        // The full cluster's load a GPU: requests and rate in proportion to the nodes.
+        let n: u32 = n.parse().expect("SIM_NODES is a number of nodes");
+        assert!(
+            (8..=100_000).contains(&n),
+            "SIM_NODES is 8 (the small cluster) to 100,000 nodes"
+        );
+        let full = &mut sizes[1];
+        full.requests = (u64::from(full.requests) * u64::from(n) / 560) as u32;
+        full.rate_per_s *= f64::from(n) / 560.0;
+        full.nodes = n;
+        full.label = format!("{} GPUs", thousands(4 * u64::from(n)));
+    }
     println!("simulation per event, policy {policy} (medians)");
     let small = scenario(&sizes[0], &policy);
     let full = scenario(&sizes[1], &policy);
@@ -243,13 +271,14 @@ fn main() {
     if only.is_some() {
         return;
     }
+    let full_label = &sizes[1].label;
     println!(
-        "  32 GPUs as committed / 2,240 GPUs: {:.2}x (the issue's measure; the same events for \
+        "  32 GPUs as committed / {full_label}: {:.2}x (the issue's measure; the same events for \
          the store policies, whose shared store serves alike at both sizes)",
         medians[0] / medians[1]
     );
     println!(
-        "  32 GPUs with the same requests a GPU / 2,240 GPUs: {:.2}x (the same events for \
+        "  32 GPUs with the same requests a GPU / {full_label}: {:.2}x (the same events for \
          vanilla and local-prefix, not for the store policies: see events a request and reuse)",
         medians[2] / medians[1]
     );
