@@ -66,6 +66,16 @@ impl BatchShape {
         }
     }
 
+    /// Adds `count` sequences that each compute one new token and sample one, whose cached
+    /// tokens sum to `cached`: the same as `count` calls of [`Self::add`]`(1, c, true)`.
+    pub fn add_decoding(&mut self, count: u64, cached: u64) {
+        self.seqs += count;
+        self.new_tokens += count;
+        self.sampling_seqs += count;
+        self.attention_pairs += cached + count;
+        self.kv_read_tokens += cached + count;
+    }
+
     pub fn is_empty(&self) -> bool {
         self.new_tokens == 0
     }

@@ -76,8 +76,12 @@
 //! **Memory.** `num_blocks = floor((tp x GPU memory - weights - tp x reserve) / (block_size x
 //! KV bytes per token))`, computed by the scenario when it is validated.
 
+mod running;
+
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
+
+use running::Running;
 
 use super::block_pool::{BlockPool, Blocks};
 use super::msg::{Completion, Lookup, Msg};
@@ -235,7 +239,13 @@ pub struct Instance {
     cfg: InstanceConfig,
     pool: BlockPool,
     waiting: VecDeque<Seq>,
-    running: Vec<Seq>,
+    running: Running,
+    /// Whether decoding sequences may be steady (see [`running`]): not with a real backend,
+    /// whose every member samples a token of its own, nor in the tests that check the
+    /// scheduler against itself visiting every sequence.
+    lockstep: bool,
+    /// Positions of the running sequences an iteration visits (a buffer kept for reuse).
+    visit: Vec<u32>,
     /// Admitted under `load_overlap = "none"`, holding blocks while their loads are in flight.
     parked: Vec<Seq>,
     busy_since: Option<Nanos>,
@@ -354,7 +364,9 @@ impl Instance {
             policy,
             cfg,
             waiting: VecDeque::new(),
-            running: Vec::with_capacity(cfg.max_num_seqs.min(RUNNING_RESERVE) as usize),
+            running: Running::with_capacity(cfg.max_num_seqs.min(RUNNING_RESERVE) as usize),
+            lockstep: !backend.real(),
+            visit: Vec::new(),
             parked: Vec::new(),
             busy_since: None,
             phase: Phase::Compute,
@@ -506,40 +518,12 @@ impl Instance {
         debug_assert!(self.busy_since.is_none());
         let mut budget = self.cfg.max_batched_tokens;
         let mut shape = BatchShape::default();
-        let mut preempted = false;
-        let mut i = 0;
-        // Bounded by the number of running sequences, which only shrinks inside the loop.
-        'running: while i < self.running.len() && budget > 0 {
-            let seq = &self.running[i];
-            let n = (seq.known_tokens() - seq.computed).min(budget);
-            let need = self.blocks_past(seq.computed + n, seq.blocks.len() as u32);
-            while self.pool.free_blocks() < need {
-                // Preempt the most recently admitted sequence; possibly this one.
-                let victim = self.running.pop().expect("running is not empty");
-                preempted = true;
-                let was_self = self.running.len() == i;
-                self.preempt(victim);
-                if was_self {
-                    break 'running;
-                }
-            }
-            let seq = &mut self.running[i];
-            // A decoding sequence needs a block once every `block_size` iterations: the pool
-            // is called only then (a call for none changes nothing; such calls were 7 % of
-            // local-prefix's instructions at 560 nodes).
-            if need > 0 {
-                let ok = self.pool.allocate(need, &mut seq.blocks);
-                debug_assert!(ok);
-            }
-            seq.scheduled = n;
-            shape.add(
-                n as u64,
-                seq.computed as u64,
-                seq.computed + n == seq.known_tokens(),
-            );
-            budget -= n;
-            i += 1;
-        }
+        let preempted = if self.lockstep_step(&mut budget, &mut shape) {
+            false
+        } else {
+            self.running.materialize_all();
+            self.schedule_each(&mut budget, &mut shape)
+        };
         if !preempted {
             self.admit(&mut budget, &mut shape, ctx);
         }
@@ -565,6 +549,90 @@ impl Instance {
             }
         };
         ctx.start(Work::Compute(duration), Msg::WorkDone);
+    }
+
+    /// Schedules the running sequences one by one, in admission order, as the module doc
+    /// says: each takes what it has left to compute within the budget left, and needs its
+    /// blocks, for which the most recently admitted are preempted. Every sequence must be
+    /// active. Returns whether one was preempted.
+    fn schedule_each(&mut self, budget: &mut u32, shape: &mut BatchShape) -> bool {
+        let mut preempted = false;
+        let mut i = 0;
+        // Bounded by the number of running sequences, which only shrinks inside the loop.
+        'running: while i < self.running.len() && *budget > 0 {
+            let seq = &self.running[i];
+            let n = (seq.known_tokens() - seq.computed).min(*budget);
+            let need = self.blocks_past(seq.computed + n, seq.blocks.len() as u32);
+            while self.pool.free_blocks() < need {
+                // Preempt the most recently admitted sequence; possibly this one.
+                let victim = self.running.pop().expect("running is not empty");
+                preempted = true;
+                let was_self = self.running.len() == i;
+                self.preempt(victim);
+                if was_self {
+                    break 'running;
+                }
+            }
+            let seq = &mut self.running[i];
+            // A decoding sequence needs a block once every `block_size` iterations: the pool
+            // is called only then (a call for none changes nothing; such calls were 7 % of
+            // local-prefix's instructions at 560 nodes).
+            if need > 0 {
+                let ok = self.pool.allocate(need, &mut seq.blocks);
+                debug_assert!(ok);
+            }
+            seq.scheduled = n;
+            shape.add(
+                n as u64,
+                seq.computed as u64,
+                seq.computed + n == seq.known_tokens(),
+            );
+            *budget -= n;
+            i += 1;
+        }
+        preempted
+    }
+
+    /// Schedules the running sequences as [`Self::schedule_each`] would, visiting only the
+    /// active ones and the steady ones that are due, if the budget holds what every sequence
+    /// has left to compute and the free blocks what they need (then each takes all it has
+    /// left, in admission order, nobody is preempted, and the steady ones each take their one
+    /// token and need no block). Returns false, having changed nothing but made the due
+    /// sequences active, where that does not hold.
+    fn lockstep_step(&mut self, budget: &mut u32, shape: &mut BatchShape) -> bool {
+        let mut visit = std::mem::take(&mut self.visit);
+        self.running.due_now(&mut visit);
+        for &i in &visit {
+            self.running.materialize(i as usize);
+        }
+        let (steady, steady_computed) = self.running.steady();
+        let mut demand = steady;
+        let mut need_all = 0u64;
+        for &i in &visit {
+            let seq = &self.running[i as usize];
+            let n = seq.known_tokens() - seq.computed;
+            demand += u64::from(n);
+            need_all += u64::from(self.blocks_past(seq.known_tokens(), seq.blocks.len() as u32));
+        }
+        let fits = demand <= u64::from(*budget) && need_all <= u64::from(self.pool.free_blocks());
+        if fits {
+            for &i in &visit {
+                let seq = &self.running[i as usize];
+                let n = seq.known_tokens() - seq.computed;
+                let need = self.blocks_past(seq.known_tokens(), seq.blocks.len() as u32);
+                let seq = &mut self.running[i as usize];
+                if need > 0 {
+                    let ok = self.pool.allocate(need, &mut seq.blocks);
+                    debug_assert!(ok);
+                }
+                seq.scheduled = n;
+                shape.add(n as u64, seq.computed as u64, true);
+            }
+            shape.add_decoding(steady, steady_computed);
+            *budget -= demand as u32;
+        }
+        self.visit = visit;
+        fits
     }
 
     /// Runs the iteration on a real backend: its members are the running sequences with
@@ -701,10 +769,14 @@ impl Instance {
         let keep = self.policy.keep_gpu_blocks();
         let block_size = self.cfg.block_size;
         let mut finished = false;
-        // Finished sequences are marked and leave `running` in one pass at the end (keeping
-        // the admission order of the others), not one `remove` (a shift of the batch) each.
-        for i in 0..self.running.len() {
-            let seq = &mut self.running[i];
+        // The steady sequences (see [`running`]) each computed one token and sampled the
+        // next; none of them finished or filled a prompt block: the tick below applies that.
+        // The others are visited, in admission order; finished ones are marked and leave
+        // `running` at the end (keeping the admission order of the others).
+        let mut visit = std::mem::take(&mut self.visit);
+        self.running.due_now(&mut visit);
+        for &i in &visit {
+            let seq = &mut self.running[i as usize];
             if seq.scheduled == 0 {
                 continue;
             }
@@ -824,13 +896,48 @@ impl Instance {
                 4 * (seq.output_len as u64 - 1),
             );
         }
-        if finished {
-            let real = self.real;
-            for seq in self.running.extract_if(.., |s| s.done) {
-                self.spare.keep(seq, real);
+        self.running.advance();
+        if self.lockstep {
+            for &i in &visit {
+                if let Some(due) = self.steady_until(&self.running[i as usize]) {
+                    self.running.make_steady(i as usize, due);
+                }
             }
         }
+        if finished {
+            let real = self.real;
+            visit.retain(|&i| self.running[i as usize].done);
+            let spare = &mut self.spare;
+            self.running
+                .remove_each(&visit, |seq| spare.keep(seq, real));
+        }
+        self.visit = visit;
         self.step(ctx);
+    }
+
+    /// If `seq` (active, just applied) only decodes from now on until a tick, that tick
+    /// (later than now): the first at which it needs a new block or samples its last token.
+    /// It decodes if its next iteration computes its one known token, which ends the prompt
+    /// (so it has nothing to register or store) and loads nothing, as every iteration after
+    /// it until then.
+    fn steady_until(&self, seq: &Seq) -> Option<u64> {
+        let bs = u64::from(self.cfg.block_size);
+        let decodes = !seq.done
+            && seq.scheduled == 0
+            && seq.load.is_none()
+            && seq.computed >= seq.prompt_len
+            && seq.known_tokens() - seq.computed == 1
+            && (seq.stored || self.store.is_none())
+            && !(self.policy.keep_gpu_blocks()
+                && (u64::from(seq.registered) + 1) * bs <= u64::from(seq.prompt_len));
+        if !decodes {
+            return None;
+        }
+        let now = self.running.tick();
+        let room = seq.blocks.len() as u64 * bs - u64::from(seq.computed);
+        let left = u64::from(seq.output_len - 1 - seq.generated);
+        let due = now + room.min(left);
+        (due > now).then_some(due)
     }
 }
 
@@ -861,11 +968,18 @@ impl Actor<Msg> for Instance {
         self.invariants()
     }
 
-    /// Its next event (most often an iteration's end) reads every running sequence's first
-    /// line, then asks its backend for the next iteration's cost and its pool for blocks.
+    /// Its next event (most often an iteration's end) reads the running batch's `due` words
+    /// (which sequences to visit: the steady ones are not read), then asks its backend for the
+    /// next iteration's cost and its pool for blocks.
     fn hot(&self) -> Hot {
-        self.pool
-            .hint(Hot::of(&self.running).with(0, &*self.backend))
+        let (base, bytes) = self.running.due_bytes();
+        let h = Hot {
+            base,
+            stride: 64,
+            count: bytes.div_ceil(64).min(u16::MAX as usize) as u16,
+            ..Hot::default()
+        };
+        self.pool.hint(h.with(0, &*self.backend))
     }
 
     fn report(&mut self, report: &mut Report) {

@@ -634,7 +634,7 @@ fn what_an_iteration_reads_of_a_sequence_fits_its_first_cache_line() {
 }
 
 #[test]
-fn its_cache_hint_names_the_running_sequences_and_the_backend_as_the_batch_changes() {
+fn its_cache_hint_names_the_running_batch_and_the_backend_as_the_batch_changes() {
     // Three 32-token prompts: the first runs alone, the others join it at the next iteration
     // and all leave as they finish. The hint follows the running batch (whose array moves
     // when it grows) and always names the backend.
@@ -643,9 +643,11 @@ fn its_cache_hint_names_the_running_sequences_and_the_backend_as_the_batch_chang
     let backend = (&*i.backend as *const dyn BatchBackend).cast::<u8>().addr();
     let expect = |i: &Instance| {
         let h = i.hot();
-        assert_eq!(h.count as usize, i.running.len());
-        assert_eq!(h.base, i.running.as_ptr().addr());
-        assert_eq!(h.stride as usize, std::mem::size_of::<Seq>());
+        let (due, bytes) = i.running.due_bytes();
+        assert_eq!(bytes, 8 * i.running.len());
+        assert_eq!(h.count as usize, bytes.div_ceil(64));
+        assert_eq!(h.base, due);
+        assert_eq!(h.stride, 64);
         assert_eq!(h.values[0], backend);
         assert!(h.value_bytes[0] > 0);
     };
@@ -707,4 +709,98 @@ fn finished_requests_leave_at_most_max_spare_buffers_and_the_next_request_reuses
     assert_eq!(i.spare.blocks.len(), MAX_SPARE);
     assert_eq!(i.spare.colds.len(), MAX_SPARE);
     i.pool.check().unwrap();
+}
+
+/// `n` requests whose prompts share one of three prefixes (0, 30 or 60 tokens) before a tail of
+/// their own (1 to 70 tokens), with 1 to 40 output tokens.
+fn shared_prefix_trace(n: usize, rng: &mut Stream) -> Arc<Trace> {
+    let mut arena = TokenArena::default();
+    let prefixes: Vec<_> = (1..=3u32)
+        .map(|p| {
+            (
+                arena.push(100_000 * p..100_000 * p + 30 * (p - 1)),
+                30 * (p - 1),
+            )
+        })
+        .collect();
+    let mut next = 0u32;
+    let requests = (0..n)
+        .map(|_| {
+            let p = rng.below(3) as usize;
+            let tail = 1 + rng.below(70) as u32;
+            let seg = arena.push(next..next + tail);
+            next += tail;
+            let (prefix, len) = prefixes[p];
+            let segments = if len > 0 {
+                vec![prefix, seg]
+            } else {
+                vec![seg]
+            };
+            Request {
+                arrival: Nanos::ZERO,
+                prompt_tokens: len + tail,
+                segments,
+                output_tokens: 1 + rng.below(40) as u32,
+                context: 0,
+            }
+        })
+        .collect();
+    Arc::new(Trace {
+        arena,
+        requests,
+        contexts: 1,
+    })
+}
+
+#[test]
+fn steady_decoders_schedule_and_finish_as_visiting_every_sequence_does() {
+    // Two instances in lockstep on the same messages: one keeps decoding sequences steady,
+    // the other visits every sequence at every iteration (the scheduler as the module doc
+    // writes it). Every batch shape, message and pool count must agree, under budgets that
+    // cut batches short and pools small enough to preempt.
+    let mut checked = 0;
+    for seed in 0..40u64 {
+        let mut rng = Stream::new(seed, 7);
+        let t = shared_prefix_trace(60, &mut rng);
+        let policy: Arc<dyn Policy> = if seed % 2 == 0 {
+            Arc::new(Vanilla)
+        } else {
+            Arc::new(LocalPrefix)
+        };
+        let blocks = 12 + rng.below(40) as u32;
+        let budget = [24, 64, 200, 4096][rng.below(4) as usize];
+        let (mut sa, mut sb) = (script(), script());
+        let mut a = instance(t.clone(), policy.clone(), blocks, budget, &sa);
+        let mut b = instance(t.clone(), policy, blocks, budget, &sb);
+        b.lockstep = false;
+        let mut next = 0u32;
+        for _ in 0..5_000 {
+            let submit = next < 60 && (a.busy_since.is_none() || rng.below(3) == 0);
+            if submit {
+                a.handle(Msg::Submit(ReqId(next)), &mut sa);
+                b.handle(Msg::Submit(ReqId(next)), &mut sb);
+                next += 1;
+            } else if a.busy_since.is_some() {
+                sa.now += Nanos(1_000);
+                sb.now += Nanos(1_000);
+                a.handle(Msg::WorkDone, &mut sa);
+                b.handle(Msg::WorkDone, &mut sb);
+            } else {
+                break;
+            }
+            a.invariants().unwrap();
+            assert_eq!(sa.batches, sb.batches, "seed {seed}");
+            assert_eq!(sa.sent, sb.sent, "seed {seed}");
+            assert_eq!(a.pool.free_blocks(), b.pool.free_blocks(), "seed {seed}");
+            assert_eq!(a.running.len(), b.running.len(), "seed {seed}");
+            checked += 1;
+        }
+        assert_eq!(
+            sa.done.len() + a.stats.rejected as usize,
+            60,
+            "seed {seed}: all ended"
+        );
+        assert!(a.violations.is_empty() && b.violations.is_empty());
+    }
+    assert!(checked > 10_000, "{checked} steps checked");
 }
