@@ -3,9 +3,10 @@
 //! Under load most of a batch is *decoding*: every iteration each such sequence computes its
 //! one known token and samples the next, and nothing else happens to it until it needs a new
 //! KV block (every `block_size` tokens) or samples its last token. Visiting every sequence at
-//! every iteration to add one to two counters was most of an iteration's work at cluster
-//! scale (with 2,240 GPUs a batch holds tens of sequences and each iteration touched each of
-//! them twice: scheduling it and applying its result). So a sequence that only decodes
+//! every iteration to add one to two counters (scheduling it, then applying its result) was
+//! 14 % of local-prefix's instructions at 2,240 GPUs, though little of its time (cheap
+//! instructions over lines already in cache), and more of both where batches decode long
+//! outputs (see the README, "Sixteenth session"). So a sequence that only decodes
 //! becomes *steady*: its counters stay as they were when it became steady (at tick `since`),
 //! and its true counts are those plus the ticks since then; the scheduler visits it again at
 //! the tick it is `due` (a block to allocate, or its last token), and the batch keeps the sum
