@@ -10,7 +10,8 @@
 //! from there: the result is exactly [`Trace::block_hashes`]'s (a test checks it).
 //!
 //! **Shared, not copied.** A prompt's hashes are a [`ChainHashes`]: the memo's array for its
-//! leading segments, shared, then an array of its own for its last segment's blocks. Every
+//! leading segments, shared, then its last segment's blocks (in place when they are few, as
+//! a question's are; else an array of their own). Every
 //! request with the same leading segments, and every pool segment that registers their
 //! blocks (see [`crate::serving::block_pool`]), holds the same array: at cluster scale, where
 //! a copy of a SQuAD prompt's 2 KiB of hashes per request and per registration was a stream
@@ -56,13 +57,71 @@ struct Memo {
     tail: Vec<u64>,
 }
 
+/// Most hashes a [`ChainHashes`] keeps in place after its shared array. A SQuAD prompt's
+/// own blocks (the end of its context's partial block and its question) are one to three:
+/// kept in place, they cost a request no allocation, and the pools that register them no
+/// reference count on a line of their own (a cold miss at each registration and release at
+/// cluster scale).
+pub const INLINE_TAIL: usize = 3;
+
+/// The hashes after a chain's shared array: in place if few, else an array of their own,
+/// shared by the clones.
+#[derive(Clone, Debug)]
+enum Tail {
+    Inline { len: u8, hashes: [u64; INLINE_TAIL] },
+    Shared(Arc<[u64]>),
+}
+
+impl Default for Tail {
+    fn default() -> Tail {
+        Tail::Inline {
+            len: 0,
+            hashes: [0; INLINE_TAIL],
+        }
+    }
+}
+
+impl Tail {
+    fn new(v: &[u64]) -> Tail {
+        if v.len() <= INLINE_TAIL {
+            let mut hashes = [0; INLINE_TAIL];
+            hashes[..v.len()].copy_from_slice(v);
+            Tail::Inline {
+                len: v.len() as u8,
+                hashes,
+            }
+        } else {
+            Tail::Shared(Arc::from(v))
+        }
+    }
+
+    #[inline]
+    fn as_slice(&self) -> &[u64] {
+        match self {
+            Tail::Inline { len, hashes } => &hashes[..*len as usize],
+            Tail::Shared(a) => a,
+        }
+    }
+
+    /// Whether `self` and `other` hold the same hashes because they are the same array (or,
+    /// in place, equal).
+    fn same(&self, other: &Tail) -> bool {
+        match (self, other) {
+            (Tail::Shared(a), Tail::Shared(b)) => Arc::ptr_eq(a, b),
+            (Tail::Inline { .. }, Tail::Inline { .. }) => self.as_slice() == other.as_slice(),
+            _ => false,
+        }
+    }
+}
+
 /// A prompt's chain of block hashes, from its first block: the hashes of its leading
 /// segments' full blocks (`lead`, an array shared by every prompt with those leading
-/// segments), then the rest (`tail`). A clone shares both arrays (see the module doc).
+/// segments), then the rest (`tail`: in place if at most [`INLINE_TAIL`]). A clone shares
+/// the arrays (see the module doc).
 #[derive(Clone, Debug, Default)]
 pub struct ChainHashes {
     lead: Arc<[u64]>,
-    tail: Arc<[u64]>,
+    tail: Tail,
 }
 
 impl ChainHashes {
@@ -70,12 +129,12 @@ impl ChainHashes {
     pub fn from_parts(lead: Arc<[u64]>, tail: Vec<u64>) -> ChainHashes {
         ChainHashes {
             lead,
-            tail: tail.into(),
+            tail: Tail::new(&tail),
         }
     }
 
     pub fn len(&self) -> usize {
-        self.lead.len() + self.tail.len()
+        self.lead.len() + self.tail.as_slice().len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -87,22 +146,22 @@ impl ChainHashes {
     pub fn get(&self, i: usize) -> u64 {
         match self.lead.get(i) {
             Some(&h) => h,
-            None => self.tail[i - self.lead.len()],
+            None => self.tail.as_slice()[i - self.lead.len()],
         }
     }
 
     /// The hashes in chain order.
     pub fn iter(&self) -> impl Iterator<Item = u64> + '_ {
-        self.lead.iter().chain(self.tail.iter()).copied()
+        self.lead.iter().chain(self.tail.as_slice()).copied()
     }
 
     pub fn to_vec(&self) -> Vec<u64> {
         self.iter().collect()
     }
 
-    /// Whether `self` and `other` share both arrays (and so hold the same hashes).
+    /// Whether `self` and `other` share their arrays (and so hold the same hashes).
     pub fn same_arrays(&self, other: &ChainHashes) -> bool {
-        Arc::ptr_eq(&self.lead, &other.lead) && Arc::ptr_eq(&self.tail, &other.tail)
+        Arc::ptr_eq(&self.lead, &other.lead) && self.tail.same(&other.tail)
     }
 }
 
@@ -111,7 +170,7 @@ impl From<Vec<u64>> for ChainHashes {
     fn from(v: Vec<u64>) -> ChainHashes {
         ChainHashes {
             lead: Arc::default(),
-            tail: v.into(),
+            tail: Tail::new(&v),
         }
     }
 }
@@ -131,8 +190,6 @@ fn memo_key(block_size: usize, segments: &[SegId]) -> u64 {
 pub struct PromptHashes {
     trace: Arc<Trace>,
     memo: Mutex<Memo>,
-    /// The empty array, shared by the prompts whose last segment fills no block.
-    no_hashes: Arc<[u64]>,
 }
 
 impl PromptHashes {
@@ -140,7 +197,6 @@ impl PromptHashes {
         PromptHashes {
             trace,
             memo: Mutex::new(Memo::default()),
-            no_hashes: Arc::default(),
         }
     }
 
@@ -191,7 +247,7 @@ impl PromptHashes {
             // The last segment fills no block: its tokens are not read.
             return ChainHashes {
                 lead: chain.hashes.clone(),
-                tail: self.no_hashes.clone(),
+                tail: Tail::default(),
             };
         }
         memo.tail.clear();
@@ -204,7 +260,7 @@ impl PromptHashes {
         );
         ChainHashes {
             lead: chain.hashes.clone(),
-            tail: Arc::from(memo.tail.as_slice()),
+            tail: Tail::new(&memo.tail),
         }
     }
 
@@ -327,8 +383,8 @@ mod tests {
         let c: Vec<ChainHashes> = trace.ids().map(|id| memo.chain_hashes(id, 16)).collect();
         // 100 tokens: 6 full blocks in the shared array; the question's blocks are the
         // prompt's own (the partial block's 4 tokens go on into them).
-        assert_eq!((c[0].lead.len(), c[0].tail.len()), (6, 1));
-        assert_eq!((c[1].lead.len(), c[1].tail.len()), (6, 2));
+        assert_eq!((c[0].lead.len(), c[0].tail.as_slice().len()), (6, 1));
+        assert_eq!((c[1].lead.len(), c[1].tail.as_slice().len()), (6, 2));
         assert!(Arc::ptr_eq(&c[0].lead, &c[1].lead), "one array for [ctx]");
         assert!(!Arc::ptr_eq(&c[0].lead, &c[2].lead));
         assert!(c[3].lead.is_empty(), "no leading segments: all its own");
