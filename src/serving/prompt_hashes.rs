@@ -74,10 +74,7 @@ enum Tail {
 
 impl Default for Tail {
     fn default() -> Tail {
-        Tail::Inline {
-            len: 0,
-            hashes: [0; INLINE_TAIL],
-        }
+        Tail::new(&[])
     }
 }
 

@@ -6,7 +6,7 @@ use crate::backend::BackendError;
 use crate::rng::Stream;
 use crate::serving::policy::{LocalPrefix, Vanilla};
 use crate::serving::store::directory::LoadGroup;
-use crate::workload::{Request, TokenArena};
+use crate::workload::{Request, SegId, TokenArena};
 use std::sync::Mutex;
 
 /// A context that records what the instance does; time is set by the test, or by [`run`]
@@ -104,22 +104,16 @@ impl Context<Msg> for Script {
     }
 }
 
-/// Requests with prompts of `lens` distinct tokens each and `out` output tokens.
-fn trace(lens: &[u32], out: u32) -> Arc<Trace> {
-    let mut arena = TokenArena::default();
-    let mut next = 0u32;
-    let requests = lens
-        .iter()
-        .map(|&n| {
-            let seg = arena.push(next..next + n);
-            next += n;
-            Request {
-                arrival: Nanos::ZERO,
-                segments: vec![seg],
-                prompt_tokens: n,
-                output_tokens: out,
-                context: 0,
-            }
+/// A trace over `arena` of requests given as their prompt's segments and output tokens, all
+/// arriving at 0.
+fn trace_of(arena: TokenArena, requests: Vec<(Vec<SegId>, u32)>) -> Arc<Trace> {
+    let requests = (requests.into_iter())
+        .map(|(segments, output_tokens)| Request {
+            arrival: Nanos::ZERO,
+            prompt_tokens: segments.iter().map(|&s| arena.len(s) as u32).sum(),
+            segments,
+            output_tokens,
+            context: 0,
         })
         .collect();
     Arc::new(Trace {
@@ -129,22 +123,26 @@ fn trace(lens: &[u32], out: u32) -> Arc<Trace> {
     })
 }
 
+/// Requests with prompts of `lens` distinct tokens each and `out` output tokens.
+fn trace(lens: &[u32], out: u32) -> Arc<Trace> {
+    let mut arena = TokenArena::default();
+    let mut next = 0u32;
+    let requests = lens
+        .iter()
+        .map(|&n| {
+            let seg = arena.push(next..next + n);
+            next += n;
+            (vec![seg], out)
+        })
+        .collect();
+    trace_of(arena, requests)
+}
+
 /// Two requests with the same `tokens`-token prompt, both arriving at 0, 2 output tokens.
 fn prompt_twice(tokens: u32) -> Arc<Trace> {
     let mut arena = TokenArena::default();
     let seg = arena.push(0..tokens);
-    let r = Request {
-        arrival: Nanos::ZERO,
-        segments: vec![seg],
-        prompt_tokens: tokens,
-        output_tokens: 2,
-        context: 0,
-    };
-    Arc::new(Trace {
-        arena,
-        requests: vec![r.clone(), r],
-        contexts: 1,
-    })
+    trace_of(arena, vec![(vec![seg], 2), (vec![seg], 2)])
 }
 
 fn instance(
@@ -736,20 +734,10 @@ fn shared_prefix_trace(n: usize, rng: &mut Stream) -> Arc<Trace> {
             } else {
                 vec![seg]
             };
-            Request {
-                arrival: Nanos::ZERO,
-                prompt_tokens: len + tail,
-                segments,
-                output_tokens: 1 + rng.below(40) as u32,
-                context: 0,
-            }
+            (segments, 1 + rng.below(40) as u32)
         })
         .collect();
-    Arc::new(Trace {
-        arena,
-        requests,
-        contexts: 1,
-    })
+    trace_of(arena, requests)
 }
 
 #[test]
