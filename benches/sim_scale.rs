@@ -44,6 +44,11 @@
 //! and two ratios: the small scenario's rate to the full one's (the measure, which
 //! includes what an event does), and the same events' (how the cost of an event grows with
 //! the cluster).
+//!
+//! **Memory.** The bench tunes the allocator as `meshsim run` does
+//! ([`meshsim::tuning::tune_allocator`]: glibc's heap parameters, and transparent huge pages
+//! where the kernel offers them), and says whether huge pages are on in its first line;
+//! `MESHSIM_HUGE_PAGES=off` times it with small pages.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -153,6 +158,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
+    // As `meshsim run` has it (it may start the bench again: first).
+    let huge_pages = meshsim::tuning::tune_allocator();
     // `cargo test --benches` passes `--bench`-less arguments; run a short round then.
     let quick = !std::env::args().any(|a| a == "--bench");
     let policy = std::env::var("SIM_POLICY").unwrap_or_else(|_| "local-prefix".into());
@@ -191,7 +198,7 @@ fn main() {
         full.nodes = n;
         full.label = format!("{} GPUs", thousands(4 * u64::from(n)));
     }
-    println!("simulation per event, policy {policy} (medians)");
+    println!("simulation per event, policy {policy} (medians; huge pages {huge_pages})");
     let small = scenario(&sizes[0], &policy);
     let full = scenario(&sizes[1], &policy);
     let full_trace = trace(&full).expect("a generated trace");

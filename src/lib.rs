@@ -41,6 +41,7 @@ pub(crate) mod scenario;
 pub mod serving;
 pub mod sim;
 pub(crate) mod text;
+pub mod tuning;
 pub mod units;
 pub mod vopr;
 pub mod workload;

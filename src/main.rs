@@ -159,24 +159,9 @@ fn init_logging(verbose: u8, quiet: bool) {
         .init();
 }
 
-/// Tunes glibc's allocator for a simulation, which frees and allocates memory at every
-/// request: by default glibc gives the top of its heap back to the system once 128 KiB of it
-/// are free, so at 2,240 GPUs the heap shrank and grew every few requests and the kernel
-/// zeroed the same pages again (5 % of a run in the profile); and blocks of 128 KiB and more
-/// came from `mmap`, fresh pages each time. Freed memory stays in the heap for reuse instead
-/// (up to 1 GiB of it), and blocks below 32 MiB come from the heap. Only speed changes.
-fn tune_allocator() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: `mallopt` only sets allocator parameters; called before any thread starts.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
-        libc::mallopt(libc::M_TOP_PAD, 16 << 20);
-    }
-}
-
 fn main() -> ExitCode {
-    tune_allocator();
+    // First: it may start the program again (see the module doc).
+    let huge_pages = meshsim::tuning::tune_allocator();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -200,6 +185,7 @@ fn main() -> ExitCode {
         | Command::Vopr { .. } => false,
     };
     init_logging(cli.verbose, quiet);
+    tracing::debug!("huge pages: {huge_pages}");
     match cli.command {
         Command::Plot { dir, quiet } => cli::tools::plot(&dir, quiet),
         Command::Compare { sim, live, out } => cli::tools::compare(&sim, &live, out.as_deref()),
