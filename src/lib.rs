@@ -19,10 +19,10 @@
 //! schema of [`metrics`], plots, `report.md`, written atomically). [`workload`] generates and
 //! replays request traces; [`profiling`] measures the candle backend.
 //!
-//! Layers, from the bottom: `units`, [`hash`], [`rng`], `text` → [`metrics`], [`hardware`] →
-//! [`actor`], [`model`] → [`exec`], [`sim`], [`live`], [`workload`] → [`backend`], [`results`],
-//! `scenario` → [`serving`], [`pipeline`], [`profiling`] → [`experiment`], [`vopr`]. No module
-//! imports one above it.
+//! Layers, from the bottom: `units`, [`hash`], [`rng`], `text`, [`tuning`] → [`metrics`],
+//! [`hardware`] → [`actor`], [`model`] → [`exec`], [`sim`], [`live`], [`workload`] →
+//! [`backend`], [`results`], `scenario` → [`serving`], [`pipeline`], [`profiling`] →
+//! [`experiment`], [`vopr`]. No module imports one above it.
 
 pub mod actor;
 pub mod backend;

@@ -7,7 +7,7 @@ use std::path::Path;
 
 /// Top-level modules by layer, bottom first.
 const LAYERS: &[&[&str]] = &[
-    &["units", "hash", "rng", "text"],
+    &["units", "hash", "rng", "text", "tuning"],
     &["metrics", "hardware"],
     &["actor", "model"],
     &["exec", "sim", "live", "workload"],
