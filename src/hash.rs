@@ -73,6 +73,58 @@ impl PartialBlock {
     }
 }
 
+/// The chains of `N` token lists at once, each from the start of a prompt: for each list, the
+/// hashes of its full blocks of `block_size` tokens appended to its `out`, and its partial
+/// block at the end, exactly as pushing the list into `PartialBlock::new(ROOT_PARENT)` and
+/// starting a block after each full one gives them. A block's hash is one dependent multiply
+/// a token (five cycles), so one chain leaves most of the processor idle; the lists' blocks
+/// are folded in lockstep, so that `N` independent multiplies are in flight at a time.
+pub fn chains<const N: usize>(
+    tokens: [&[u32]; N],
+    block_size: usize,
+    out: [&mut Vec<u64>; N],
+) -> [PartialBlock; N] {
+    assert!(block_size > 0, "blocks hold at least one token");
+    let mut h = [PartialBlock::new(ROOT_PARENT).h; N];
+    let common = tokens
+        .iter()
+        .map(|t| t.len() / block_size)
+        .min()
+        .unwrap_or(0);
+    for b in 0..common {
+        let at = b * block_size;
+        let blocks: [&[u32]; N] = std::array::from_fn(|l| &tokens[l][at..at + block_size]);
+        // Token by token across the lists (the order that keeps `N` multiplies in flight),
+        // not list by list as iterators would have it.
+        #[allow(clippy::needless_range_loop)]
+        for k in 0..block_size {
+            for l in 0..N {
+                h[l] = (h[l].rotate_left(5) ^ blocks[l][k] as u64).wrapping_mul(FX_K);
+            }
+        }
+        for l in 0..N {
+            let done = mix64(h[l]);
+            out[l].push(done);
+            h[l] = mix64(done ^ FX_K);
+        }
+    }
+    // Each list's blocks beyond the shortest one's, alone.
+    let mut lanes = out.into_iter();
+    std::array::from_fn(|l| {
+        let out = lanes.next().expect("one output a list");
+        let mut block = PartialBlock { h: h[l], tokens: 0 };
+        for piece in tokens[l][common * block_size..].chunks(block_size) {
+            block.push(piece);
+            if block.len() == block_size {
+                let done = block.finish();
+                out.push(done);
+                block = PartialBlock::new(done);
+            }
+        }
+        block
+    })
+}
+
 /// A hasher for keys that are already well-mixed 64-bit hashes.
 #[derive(Default, Clone, Copy)]
 pub struct IdHasher(u64);
@@ -153,6 +205,65 @@ impl ExactSizeIterator for PseudoTokens {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One list, one token at a time: the definition `chains` must give.
+    fn one_by_one(tokens: &[u32], block_size: usize) -> (Vec<u64>, PartialBlock) {
+        let (mut out, mut block) = (Vec::new(), PartialBlock::new(ROOT_PARENT));
+        for &t in tokens {
+            block.push(&[t]);
+            if block.len() == block_size {
+                let h = block.finish();
+                out.push(h);
+                block = PartialBlock::new(h);
+            }
+        }
+        (out, block)
+    }
+
+    fn check_lanes<const N: usize>(rng: &mut crate::rng::Stream) {
+        let block_size = 1 + rng.below(20) as usize;
+        let lists: Vec<Vec<u32>> = (0..N)
+            .map(|_| {
+                // Equal lengths (the common case: context windows), or any.
+                let n = if rng.below(2) == 0 {
+                    100
+                } else {
+                    rng.below(300) as usize
+                };
+                (0..n).map(|_| rng.below(32_000) as u32).collect()
+            })
+            .collect();
+        let mut outs: Vec<Vec<u64>> = (0..N).map(|l| vec![l as u64; l]).collect();
+        let mut it = outs.iter_mut();
+        let out: [&mut Vec<u64>; N] = std::array::from_fn(|_| it.next().unwrap());
+        let rests = chains::<N>(
+            std::array::from_fn(|l| lists[l].as_slice()),
+            block_size,
+            out,
+        );
+        for l in 0..N {
+            let (want, rest) = one_by_one(&lists[l], block_size);
+            // Appended after what `out` held.
+            assert_eq!(outs[l][..l], vec![l as u64; l][..]);
+            assert_eq!(
+                outs[l][l..],
+                want[..],
+                "list {l} of {N}, blocks of {block_size}"
+            );
+            assert_eq!(rests[l], rest, "list {l} of {N}, blocks of {block_size}");
+        }
+    }
+
+    #[test]
+    fn chains_in_lockstep_are_the_one_by_one_chains() {
+        let mut rng = crate::rng::Stream::new(11, 0);
+        for _ in 0..200 {
+            check_lanes::<1>(&mut rng);
+            check_lanes::<2>(&mut rng);
+            check_lanes::<3>(&mut rng);
+            check_lanes::<4>(&mut rng);
+        }
+    }
 
     #[test]
     fn a_block_hashed_in_pieces_is_the_block_hashed_whole() {
