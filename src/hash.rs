@@ -71,6 +71,24 @@ impl PartialBlock {
     pub fn finish(self) -> u64 {
         mix64(self.h)
     }
+
+    /// Folds `tokens` in, in order, appending to `out` the hash of every block of
+    /// `block_size` tokens that fills and starting the next after it; returns the partial
+    /// block at the end.
+    pub fn fold(mut self, mut tokens: &[u32], block_size: usize, out: &mut Vec<u64>) -> Self {
+        // Bounded: every round takes at least one token.
+        while !tokens.is_empty() {
+            let take = (block_size - self.len()).min(tokens.len());
+            self.push(&tokens[..take]);
+            if self.len() == block_size {
+                let h = self.finish();
+                out.push(h);
+                self = PartialBlock::new(h);
+            }
+            tokens = &tokens[take..];
+        }
+        self
+    }
 }
 
 /// The chains of `N` token lists at once, each from the start of a prompt: for each list, the
@@ -112,16 +130,7 @@ pub fn chains<const N: usize>(
     let mut lanes = out.into_iter();
     std::array::from_fn(|l| {
         let out = lanes.next().expect("one output a list");
-        let mut block = PartialBlock { h: h[l], tokens: 0 };
-        for piece in tokens[l][common * block_size..].chunks(block_size) {
-            block.push(piece);
-            if block.len() == block_size {
-                let done = block.finish();
-                out.push(done);
-                block = PartialBlock::new(done);
-            }
-        }
-        block
+        PartialBlock { h: h[l], tokens: 0 }.fold(&tokens[l][common * block_size..], block_size, out)
     })
 }
 

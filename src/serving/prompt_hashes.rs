@@ -292,13 +292,10 @@ impl PromptHashes {
             };
         }
         memo.tail.clear();
-        fold(
-            &self.trace,
-            std::slice::from_ref(last),
-            block_size,
-            chain.rest,
-            &mut memo.tail,
-        );
+        // A pseudo segment is made here.
+        chain
+            .rest
+            .fold(&self.trace.arena.segment(*last), block_size, &mut memo.tail);
         ChainHashes {
             lead: chain.hashes.clone(),
             tail: Tail::new(&memo.tail),
@@ -363,34 +360,6 @@ fn lanes<const N: usize>(
         out,
     )
     .to_vec()
-}
-
-/// Folds the tokens of `segments` into the chain from its partial `block`, appending the
-/// hash of every block it fills to `out`; returns the partial block at the end.
-fn fold(
-    trace: &Trace,
-    segments: &[SegId],
-    block_size: usize,
-    mut block: PartialBlock,
-    out: &mut Vec<u64>,
-) -> PartialBlock {
-    for &s in segments {
-        // A pseudo segment is made here, one segment at a time.
-        let seg = trace.arena.segment(s);
-        let mut tokens: &[u32] = &seg;
-        // Bounded: every round takes at least one token.
-        while !tokens.is_empty() {
-            let take = (block_size - block.len()).min(tokens.len());
-            block.push(&tokens[..take]);
-            if block.len() == block_size {
-                let h = block.finish();
-                out.push(h);
-                block = PartialBlock::new(h);
-            }
-            tokens = &tokens[take..];
-        }
-    }
-    block
 }
 
 #[cfg(test)]
