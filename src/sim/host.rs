@@ -634,7 +634,7 @@ impl<M> SimHost<M> {
                 // And for the seat of the event after it, so that its own loads (a line of
                 // a few thousand actors' seats, cold at scale) are there one event from now.
                 if let Some(after) = self.kernel.second_target() {
-                    prefetch::bytes(self.seats.as_ptr().wrapping_add(after.0 as usize).cast(), 1);
+                    prefetch::line(self.seats.as_ptr().wrapping_add(after.0 as usize).cast());
                 }
             }
             if let Event::Change = event.msg {

@@ -333,7 +333,7 @@ impl<M> Kernel<M> {
             if below < n {
                 let lines = heap.lines.as_ptr();
                 for c in 0..ARITY {
-                    crate::sim::prefetch::bytes(lines.wrapping_add(first + c + 1).cast(), 1);
+                    crate::sim::prefetch::line(lines.wrapping_add(first + c + 1).cast());
                 }
             }
             // The earliest child, chosen by selects rather than jumps; a missing child is

@@ -12,17 +12,30 @@ pub const MAX_BYTES: usize = 1024;
 /// Asks for the cache lines of the `bytes` bytes at `p` (at most [`MAX_BYTES`]).
 #[inline]
 pub fn bytes(p: *const u8, bytes: usize) {
+    let n = bytes.min(MAX_BYTES);
+    // A plain loop: the simulator asks for a few dozen lines an event, and a `step_by`
+    // iterator cost several instructions a line (1 % of a vanilla round's instructions at
+    // 2,240 GPUs, counted with callgrind).
+    let mut offset = 0;
+    // Bounded: at most `MAX_BYTES / 64` lines.
+    while offset < n {
+        line(p.wrapping_add(offset));
+        offset += 64;
+    }
+}
+
+/// Asks for the cache line at `p`.
+#[inline(always)]
+pub fn line(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
-    for offset in (0..bytes.min(MAX_BYTES)).step_by(64) {
-        // SAFETY: a prefetch is a hint that never faults and reads or writes nothing the
-        // program can observe, whatever the address.
-        unsafe {
-            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(offset).cast::<i8>());
-        }
+    // SAFETY: a prefetch is a hint that never faults and reads or writes nothing the program
+    // can observe, whatever the address.
+    unsafe {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>());
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (p, bytes);
+    let _ = p;
 }
 
 /// Most lines of an actor's [`Hot`](crate::actor::Hot) region that [`hot`] asks for.
@@ -34,7 +47,7 @@ pub const MAX_HOT_LINES: u32 = 32;
 pub fn hot(h: crate::actor::Hot) {
     let stride = h.stride.max(1) as usize;
     for i in 0..u32::from(h.count).min(MAX_HOT_LINES) as usize {
-        bytes(h.base.wrapping_add(i * stride) as *const u8, 1);
+        line(h.base.wrapping_add(i * stride) as *const u8);
     }
     for (at, n) in h.values.into_iter().zip(h.value_bytes) {
         bytes(at as *const u8, n as usize);
