@@ -20,6 +20,12 @@ pub fn mix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// One token folded into a block's hash in the making: the FxHash step (the module doc).
+#[inline(always)]
+fn fx_step(h: u64, t: u32) -> u64 {
+    (h.rotate_left(5) ^ t as u64).wrapping_mul(FX_K)
+}
+
 /// The hash of the first block of a prompt uses this as its parent.
 pub const ROOT_PARENT: u64 = 0;
 
@@ -53,7 +59,7 @@ impl PartialBlock {
     #[inline]
     pub fn push(&mut self, tokens: &[u32]) {
         for &t in tokens {
-            self.h = (self.h.rotate_left(5) ^ t as u64).wrapping_mul(FX_K);
+            self.h = fx_step(self.h, t);
         }
         self.tokens += tokens.len();
     }
@@ -117,13 +123,17 @@ pub fn chains<const N: usize>(
         #[allow(clippy::needless_range_loop)]
         for k in 0..block_size {
             for l in 0..N {
-                h[l] = (h[l].rotate_left(5) ^ blocks[l][k] as u64).wrapping_mul(FX_K);
+                h[l] = fx_step(h[l], blocks[l][k]);
             }
         }
         for l in 0..N {
-            let done = mix64(h[l]);
+            let done = PartialBlock {
+                h: h[l],
+                tokens: block_size,
+            }
+            .finish();
             out[l].push(done);
-            h[l] = mix64(done ^ FX_K);
+            h[l] = PartialBlock::new(done).h;
         }
     }
     // Each list's blocks beyond the shortest one's, alone.
