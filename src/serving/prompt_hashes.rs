@@ -17,6 +17,11 @@
 //! windows (14 M tokens) this way; its third run (32 GPUs, the full cluster's requests a GPU)
 //! hashes a new window for every other request.
 //!
+//! **Asked for ahead.** Requests reach the instances in id order, so hashing a prompt asks
+//! the processor for what hashing the next few will read first (their records, lists of
+//! segments, questions' entries and tokens: [`PromptHashes::prefetch_ahead`]); at cluster
+//! scale each was a cache miss waiting on the one before.
+//!
 //! **Shared, not copied.** A prompt's hashes are a [`ChainHashes`]: the memo's array for its
 //! leading segments, shared, then its last segment's blocks (in place when they are few, as
 //! a question's are; else an array of their own). Every
@@ -74,6 +79,13 @@ const LANES: usize = 4;
 /// How many requests after one whose leading segments the memo lacks are looked at for
 /// others it lacks, to hash them together.
 const LOOKAHEAD: usize = 64;
+
+/// Bytes of a request's last segment asked for ahead of hashing it (a SQuAD question is a
+/// few dozen tokens).
+const QUESTION_BYTES: usize = 128;
+
+/// Requests between the steps of [`PromptHashes::prefetch_ahead`].
+const AHEAD: usize = 2;
 
 /// Most hashes a [`ChainHashes`] keeps in place after its shared array. A SQuAD prompt's
 /// own blocks (the end of its context's partial block and its question) are one to three:
@@ -226,6 +238,7 @@ impl PromptHashes {
     /// [`Trace::block_hashes`] gives them, sharing the memo's array of its leading segments'
     /// blocks (see the module doc).
     pub fn chain_hashes(&self, id: ReqId, block_size: usize) -> ChainHashes {
+        self.prefetch_ahead(id);
         let segments = &self.trace.request(id).segments;
         let Some((last, leading)) = segments.split_last() else {
             return ChainHashes::default();
@@ -299,6 +312,32 @@ impl PromptHashes {
         ChainHashes {
             lead: chain.hashes.clone(),
             tail: Tail::new(&memo.tail),
+        }
+    }
+
+    /// Asks the processor for what hashing the next requests' prompts reads first, in four
+    /// steps a few requests apart: the request's record, its list of segments, its last
+    /// segment's entry in the arena, that segment's tokens. Requests arrive at the instances
+    /// in id order, so the calls for the next ones come within a few events, and at cluster
+    /// scale each of these reads was a cache miss that waited for the one before (`perf`:
+    /// each step needs two calls between its hint and its read, one was too few). A hint
+    /// only: it changes no result.
+    fn prefetch_ahead(&self, id: ReqId) {
+        let requests = &self.trace.requests;
+        let i = id.0 as usize;
+        if let Some(r) = requests.get(i + 4 * AHEAD) {
+            let at: *const u8 = (r as *const crate::workload::Request).cast();
+            crate::sim::prefetch::line(at);
+            crate::sim::prefetch::line(at.wrapping_add(std::mem::size_of_val(r) - 1));
+        }
+        if let Some(r) = requests.get(i + 3 * AHEAD) {
+            crate::sim::prefetch::line(r.segments.as_ptr().cast());
+        }
+        if let Some(&last) = requests.get(i + 2 * AHEAD).and_then(|r| r.segments.last()) {
+            self.trace.arena.prefetch_entry(last);
+        }
+        if let Some(&last) = requests.get(i + AHEAD).and_then(|r| r.segments.last()) {
+            self.trace.arena.prefetch_tokens(last, QUESTION_BYTES);
         }
     }
 

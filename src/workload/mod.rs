@@ -115,6 +115,21 @@ impl TokenArena {
             .map(|i| self.pseudo[i].1)
     }
 
+    /// Asks the processor for segment `id`'s entry of the arena (its start), which reading
+    /// the segment reads first (a cache hint, see [`crate::sim::prefetch`]).
+    pub fn prefetch_entry(&self, id: SegId) {
+        crate::sim::prefetch::line(self.starts.as_ptr().wrapping_add(id.0 as usize).cast());
+    }
+
+    /// Asks the processor for the first `bytes` bytes of segment `id`'s stored tokens (a
+    /// cache hint; it reads the segment's entry, see [`TokenArena::prefetch_entry`]).
+    pub fn prefetch_tokens(&self, id: SegId, bytes: usize) {
+        if let Some(&start) = self.starts.get(id.0 as usize) {
+            let at = self.tokens.as_ptr().wrapping_add(start as usize);
+            crate::sim::prefetch::bytes(at.cast(), bytes);
+        }
+    }
+
     /// Stored tokens of segment `id` (none for a pseudo segment).
     fn stored(&self, id: SegId) -> &[u32] {
         let i = id.0 as usize;
@@ -323,6 +338,21 @@ mod tests {
         // One-token blocks: equal up to token 61, different from token 62 on.
         assert_eq!(a[..62], b[..62]);
         assert_ne!(a[62], b[62]);
+    }
+
+    #[test]
+    fn cache_hints_take_any_segment_and_change_nothing() {
+        let mut arena = TokenArena::default();
+        let stored = arena.push(0..40);
+        let pseudo = arena.push_pseudo(7, 600, 1000);
+        let before = arena.clone();
+        for id in [stored, pseudo, SegId(2), SegId(u32::MAX)] {
+            arena.prefetch_entry(id);
+            for bytes in [0, 1, 128, usize::MAX] {
+                arena.prefetch_tokens(id, bytes);
+            }
+        }
+        assert_eq!(arena, before);
     }
 }
 
