@@ -19,7 +19,7 @@
 //!
 //! **Asked for ahead.** Requests reach the instances in id order, so hashing a prompt asks
 //! the processor for what hashing the next few will read first (their records, lists of
-//! segments, questions' entries and tokens: [`PromptHashes::prefetch_ahead`]); at cluster
+//! segments, questions' entries and tokens: `PromptHashes::prefetch_ahead`); at cluster
 //! scale each was a cache miss waiting on the one before.
 //!
 //! **Shared, not copied.** A prompt's hashes are a [`ChainHashes`]: the memo's array for its
