@@ -333,11 +333,14 @@ impl PromptHashes {
         if let Some(r) = requests.get(i + 3 * AHEAD) {
             crate::sim::prefetch::line(r.segments.as_ptr().cast());
         }
+        let arena = &self.trace.arena;
         if let Some(&last) = requests.get(i + 2 * AHEAD).and_then(|r| r.segments.last()) {
-            self.trace.arena.prefetch_entry(last);
+            crate::sim::prefetch::line(arena.entry_addr(last));
         }
-        if let Some(&last) = requests.get(i + AHEAD).and_then(|r| r.segments.last()) {
-            self.trace.arena.prefetch_tokens(last, QUESTION_BYTES);
+        if let Some(&last) = requests.get(i + AHEAD).and_then(|r| r.segments.last())
+            && let Some(at) = arena.tokens_addr(last)
+        {
+            crate::sim::prefetch::bytes(at, QUESTION_BYTES);
         }
     }
 

@@ -115,19 +115,17 @@ impl TokenArena {
             .map(|i| self.pseudo[i].1)
     }
 
-    /// Asks the processor for segment `id`'s entry of the arena (its start), which reading
-    /// the segment reads first (a cache hint, see [`crate::sim::prefetch`]).
-    pub fn prefetch_entry(&self, id: SegId) {
-        crate::sim::prefetch::line(self.starts.as_ptr().wrapping_add(id.0 as usize).cast());
+    /// Where segment `id`'s entry of the arena (its start) lies, which reading the segment
+    /// reads first: for a cache hint (`serving::prompt_hashes`); never dereferenced.
+    pub fn entry_addr(&self, id: SegId) -> *const u8 {
+        self.starts.as_ptr().wrapping_add(id.0 as usize).cast()
     }
 
-    /// Asks the processor for the first `bytes` bytes of segment `id`'s stored tokens (a
-    /// cache hint; it reads the segment's entry, see [`TokenArena::prefetch_entry`]).
-    pub fn prefetch_tokens(&self, id: SegId, bytes: usize) {
-        if let Some(&start) = self.starts.get(id.0 as usize) {
-            let at = self.tokens.as_ptr().wrapping_add(start as usize);
-            crate::sim::prefetch::bytes(at.cast(), bytes);
-        }
+    /// Where segment `id`'s stored tokens start (it reads the segment's entry), for a cache
+    /// hint; `None` for an id past the last.
+    pub fn tokens_addr(&self, id: SegId) -> Option<*const u8> {
+        let start = *self.starts.get(id.0 as usize)?;
+        Some(self.tokens.as_ptr().wrapping_add(start as usize).cast())
     }
 
     /// Stored tokens of segment `id` (none for a pseudo segment).
@@ -341,18 +339,24 @@ mod tests {
     }
 
     #[test]
-    fn cache_hints_take_any_segment_and_change_nothing() {
+    fn hint_addresses_are_those_of_the_entry_and_the_tokens_and_none_past_the_last() {
         let mut arena = TokenArena::default();
-        let stored = arena.push(0..40);
+        let first = arena.push(0..40);
+        let stored = arena.push(40..50);
         let pseudo = arena.push_pseudo(7, 600, 1000);
-        let before = arena.clone();
-        for id in [stored, pseudo, SegId(2), SegId(u32::MAX)] {
-            arena.prefetch_entry(id);
-            for bytes in [0, 1, 128, usize::MAX] {
-                arena.prefetch_tokens(id, bytes);
-            }
-        }
-        assert_eq!(arena, before);
+        assert_eq!(arena.entry_addr(stored), arena.starts[1..].as_ptr().cast());
+        assert_eq!(arena.tokens_addr(first), Some(arena.tokens.as_ptr().cast()));
+        let tens = arena.tokens[40..].as_ptr().cast();
+        assert_eq!(arena.tokens_addr(stored), Some(tens));
+        // A pseudo segment stores no tokens: its start is where the stored ones end.
+        assert_eq!(
+            arena.tokens_addr(pseudo),
+            Some(arena.tokens.as_ptr_range().end.cast())
+        );
+        assert_eq!(arena.tokens_addr(SegId(3)), None);
+        assert_eq!(arena.tokens_addr(SegId(u32::MAX)), None);
+        // Only an address: nothing is read there.
+        let _ = arena.entry_addr(SegId(u32::MAX));
     }
 }
 
