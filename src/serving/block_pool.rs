@@ -154,7 +154,8 @@ impl Blocks {
             self.inline[n] = p;
         } else {
             if n == INLINE_PIECES {
-                self.more.clear();
+                // Empty while the pieces are in place (`clear_pieces` empties it).
+                debug_assert!(self.more.is_empty());
                 self.more.extend_from_slice(&self.inline);
             }
             self.more.push(p);

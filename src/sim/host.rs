@@ -207,8 +207,9 @@ impl<M> Seat<M> {
 /// outstanding misses with lines most events never read: the event loop then waited on its
 /// own hints (`perf`, evostore at 2,240 GPUs: a quarter of the loop's samples on the
 /// prefetch). `sim_scale` at 2,240 GPUs, pairs of runs, this against every line: 512 bytes
-/// +4 % (evostore), +8 % (local-prefix), +2 % (ptstore); 384 bytes 4 % and 10 % below 512;
-/// 256 bytes no better than every line; none at all 12 % slower (local-prefix).
+/// +4 % (evostore), +8 % (local-prefix), +2 % (ptstore); 384 bytes below 512 by 4 %
+/// (evostore) and 10 % (local-prefix); 256 bytes no better than every line; none at all 12 %
+/// slower (local-prefix).
 const ACTOR_BYTES: usize = 512;
 
 /// A compute device: when it is free of the work queued on it, and the fraction of its full
