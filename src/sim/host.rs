@@ -193,11 +193,13 @@ struct Seat<M> {
 const _: () = assert!(std::mem::size_of::<Seat<()>>() == 64);
 
 impl<M> Seat<M> {
-    /// Asks for the actor's value (its first [`ACTOR_BYTES`]) and the hint of its next event.
+    /// Asks for the actor's value (eight lines from its first, [`ACTOR_BYTES`] in all; not
+    /// a ninth where the value starts inside a line: `sim_scale` at 2,240 GPUs, evostore,
+    /// six pairs, the ninth at 0.983 of without in the median) and the hint of its next event.
     fn prefetch(&self) {
         let value: *const dyn Actor<M> = &*self.actor;
         let bytes = std::mem::size_of_val(&*self.actor).min(ACTOR_BYTES);
-        prefetch::bytes(value.cast(), bytes);
+        prefetch::lines(value.cast(), bytes.div_ceil(prefetch::LINE));
         prefetch::hot(self.hot);
     }
 }
@@ -699,6 +701,13 @@ impl<M> SimHost<M> {
                 && let Some(p) = &self.progress
             {
                 p.update(self.actor_events, self.kernel.now());
+            }
+            // The next event's actor may ask for what its message will read: the pop that
+            // comes first gives the hint a little time to land.
+            if let Some((next, Event::Msg(m))) = self.kernel.peek()
+                && let Some(seat) = self.seats.get(next.0 as usize)
+            {
+                seat.actor.ahead(m);
             }
         }
         if self.check_every > 0 {

@@ -270,6 +270,14 @@ impl<M> Kernel<M> {
         Some(self.targets[first.slot()])
     }
 
+    /// The earliest pending event's target and message (the next event, unless an earlier
+    /// one is scheduled first). For cache hints only: read after an event, when
+    /// [`Kernel::next_target`]'s hint for the slot has landed.
+    pub fn peek(&self) -> Option<(ActorId, &M)> {
+        let slot = self.heap.first()?.slot();
+        Some((self.targets[slot], self.slots[slot].as_ref()?))
+    }
+
     /// Schedules `msg` for `target` at `time` (never before now).
     pub fn schedule(&mut self, time: Nanos, target: ActorId, msg: M) {
         let time = time.max(self.now);
@@ -430,6 +438,24 @@ mod tests {
         let order: Vec<_> = std::iter::from_fn(|| k.pop().unwrap().map(|e| e.msg)).collect();
         assert_eq!(order, ["a", "b", "c"]);
         assert_eq!(k.now(), Nanos(10));
+    }
+
+    #[test]
+    fn peek_names_the_next_event_and_changes_nothing() {
+        let mut k = Kernel::new(Limits::default(), 1);
+        assert!(k.peek().is_none());
+        k.schedule(Nanos(10), ActorId(3), "late");
+        k.schedule(Nanos(5), ActorId(7), "early");
+        k.schedule(Nanos(5), ActorId(2), "tie");
+        assert_eq!(k.peek(), Some((ActorId(7), &"early")));
+        assert_eq!(k.second_target(), Some(ActorId(2)));
+        let first = k.pop().unwrap().unwrap();
+        assert_eq!((first.target, first.msg), (ActorId(7), "early"));
+        assert_eq!(k.peek(), Some((ActorId(2), &"tie")));
+        assert_eq!(k.pop().unwrap().unwrap().msg, "tie");
+        assert_eq!(k.peek(), Some((ActorId(3), &"late")));
+        assert_eq!(k.pop().unwrap().unwrap().msg, "late");
+        assert!(k.peek().is_none());
     }
 
     #[test]
