@@ -147,7 +147,11 @@ impl Tail {
 /// the arrays (see the module doc).
 #[derive(Clone, Debug, Default)]
 pub struct ChainHashes {
-    lead: Arc<[u64]>,
+    /// `None` for a chain of its own. Not the standard library's shared empty `Arc`: making
+    /// and dropping that changes its count atomically, and an atomic change waits for every
+    /// store before it to reach the cache (at cluster scale, stores to cold lines): four such
+    /// changes a request as a finished request's record is kept and reused.
+    lead: Option<Arc<[u64]>>,
     tail: Tail,
 }
 
@@ -155,13 +159,19 @@ impl ChainHashes {
     /// A chain whose first hashes are `lead` (shared) and the rest `tail`.
     pub fn from_parts(lead: Arc<[u64]>, tail: Vec<u64>) -> ChainHashes {
         ChainHashes {
-            lead,
+            lead: Some(lead),
             tail: Tail::new(&tail),
         }
     }
 
+    /// The shared leading hashes.
+    #[inline]
+    fn lead(&self) -> &[u64] {
+        self.lead.as_deref().unwrap_or(&[])
+    }
+
     pub fn len(&self) -> usize {
-        self.lead.len() + self.tail.as_slice().len()
+        self.lead().len() + self.tail.as_slice().len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -171,15 +181,16 @@ impl ChainHashes {
     /// The hash of block `i`. Panics if `i` is out of range.
     #[inline]
     pub fn get(&self, i: usize) -> u64 {
-        match self.lead.get(i) {
+        let lead = self.lead();
+        match lead.get(i) {
             Some(&h) => h,
-            None => self.tail.as_slice()[i - self.lead.len()],
+            None => self.tail.as_slice()[i - lead.len()],
         }
     }
 
     /// The hashes in chain order.
     pub fn iter(&self) -> impl Iterator<Item = u64> + '_ {
-        self.lead.iter().chain(self.tail.as_slice()).copied()
+        self.lead().iter().chain(self.tail.as_slice()).copied()
     }
 
     pub fn to_vec(&self) -> Vec<u64> {
@@ -188,7 +199,12 @@ impl ChainHashes {
 
     /// Whether `self` and `other` share their arrays (and so hold the same hashes).
     pub fn same_arrays(&self, other: &ChainHashes) -> bool {
-        Arc::ptr_eq(&self.lead, &other.lead) && self.tail.same(&other.tail)
+        let lead = match (&self.lead, &other.lead) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        lead && self.tail.same(&other.tail)
     }
 }
 
@@ -196,7 +212,7 @@ impl From<Vec<u64>> for ChainHashes {
     /// A chain of its own (nothing shared).
     fn from(v: Vec<u64>) -> ChainHashes {
         ChainHashes {
-            lead: Arc::default(),
+            lead: None,
             tail: Tail::new(&v),
         }
     }
@@ -300,7 +316,7 @@ impl PromptHashes {
         if chain.rest.len() + self.trace.arena.len(*last) < block_size {
             // The last segment fills no block: its tokens are not read.
             return ChainHashes {
-                lead: chain.hashes.clone(),
+                lead: Some(chain.hashes.clone()),
                 tail: Tail::default(),
             };
         }
@@ -310,7 +326,7 @@ impl PromptHashes {
             .rest
             .fold(&self.trace.arena.segment(*last), block_size, &mut memo.tail);
         ChainHashes {
-            lead: chain.hashes.clone(),
+            lead: Some(chain.hashes.clone()),
             tail: Tail::new(&memo.tail),
         }
     }
@@ -474,11 +490,15 @@ mod tests {
         let c: Vec<ChainHashes> = trace.ids().map(|id| memo.chain_hashes(id, 16)).collect();
         // 100 tokens: 6 full blocks in the shared array; the question's blocks are the
         // prompt's own (the partial block's 4 tokens go on into them).
-        assert_eq!((c[0].lead.len(), c[0].tail.as_slice().len()), (6, 1));
-        assert_eq!((c[1].lead.len(), c[1].tail.as_slice().len()), (6, 2));
-        assert!(Arc::ptr_eq(&c[0].lead, &c[1].lead), "one array for [ctx]");
-        assert!(!Arc::ptr_eq(&c[0].lead, &c[2].lead));
-        assert!(c[3].lead.is_empty(), "no leading segments: all its own");
+        assert_eq!((c[0].lead().len(), c[0].tail.as_slice().len()), (6, 1));
+        assert_eq!((c[1].lead().len(), c[1].tail.as_slice().len()), (6, 2));
+        let lead = |c: &ChainHashes| c.lead.clone().expect("a shared array");
+        assert!(
+            Arc::ptr_eq(&lead(&c[0]), &lead(&c[1])),
+            "one array for [ctx]"
+        );
+        assert!(!Arc::ptr_eq(&lead(&c[0]), &lead(&c[2])));
+        assert!(c[3].lead.is_none(), "no leading segments: all its own");
         let mut want = Vec::new();
         for (id, chain) in trace.ids().zip(&c) {
             trace.block_hashes(id, 16, &mut want);
@@ -527,9 +547,10 @@ mod tests {
             trace.block_hashes(id, 16, &mut want);
             assert_eq!(got.to_vec(), want, "request {}", id.0);
         }
+        let again = memo.chain_hashes(ReqId(2), 16);
         assert!(Arc::ptr_eq(
-            &first.lead,
-            &memo.chain_hashes(ReqId(2), 16).lead
+            first.lead.as_ref().unwrap(),
+            again.lead.as_ref().unwrap()
         ));
         assert_eq!(memo.memo.lock().unwrap().chains.len(), 5);
     }
