@@ -147,7 +147,7 @@ pub trait Actor<M>: Send {
 
     /// Asks the processor for what handling `msg`, this actor's next message, will read (a
     /// cache hint, see `sim::prefetch`). The sim host calls it between an event and the
-    /// next, when the next is this actor's; only actors that stay in cache between their
+    /// next, on the next event's actor; only actors that stay in cache between their
     /// events (the router) should read their own state here, as a cold actor would wait on
     /// it. It must change nothing: the message may still be preceded by one scheduled in
     /// between, and hosts need not call it at all.

@@ -335,9 +335,10 @@ impl Actor<Msg> for Router {
     }
 
     /// A message about a request in flight reads its assignment first (`Router::current`):
-    /// at cluster scale a cache miss at nearly every first token and end, as the requests
-    /// in flight span hundreds of KiB of assignments and the instances' events between two
-    /// of the router's evict them.
+    /// at cluster scale a cache miss at nearly every first token and end (`perf`,
+    /// local-prefix at 2,240 GPUs: 2.5 % of the samples, 0.6 % with this hint): an
+    /// assignment is read at the arrival and then seconds of simulated time later, and the
+    /// instances' events in between evict it.
     fn ahead(&self, msg: &Msg) {
         let req = match msg {
             Msg::FirstToken(req, _) | Msg::Rejected(req, _) => *req,
