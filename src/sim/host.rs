@@ -211,7 +211,9 @@ impl<M> Seat<M> {
 /// prefetch). `sim_scale` at 2,240 GPUs, pairs of runs, this against every line: 512 bytes
 /// +4 % (evostore), +8 % (local-prefix), +2 % (ptstore); 384 bytes below 512 by 4 %
 /// (evostore) and 10 % (local-prefix); 256 bytes no better than every line; none at all 12 %
-/// slower (local-prefix).
+/// slower (local-prefix). Those pairs timed first rounds only; retried in three-round pairs
+/// (the twenty-first session in the README): 768 bytes 1.011 (local-prefix) and 1.023
+/// (evostore) of 512, 384 bytes 0.939 and 0.988.
 const ACTOR_BYTES: usize = 512;
 
 /// A compute device: when it is free of the work queued on it, and the fraction of its full
