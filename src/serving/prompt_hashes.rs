@@ -31,17 +31,25 @@
 //! of cache misses (and the pools' copies hundreds of MiB), the leading hashes are in memory
 //! once per list of segments.
 //!
-//! The memo is a hash map keyed by a 64-bit hash of the block size and the list of segments
-//! (one probe; an ordered map keyed by the lists compared a list at every node it passed, each
-//! one a cache miss once the memo outgrew the caches). An entry keeps its list, so a
-//! colliding list is told apart and replaces it. The memo is bounded: when it holds more than
-//! [`MEMO_HASHES`] hashes it is emptied and filled again as prompts come (the arrays that
-//! requests and pools still hold live on with them, and go with the last of them). It only
-//! ever saves work, so its contents never change a result. One memo serves every actor of a
-//! simulation (a lock that is never contended: a simulation runs on one thread).
+//! **Lists by number.** Before a run, every request's list of leading segments is given a
+//! number, the same for equal lists ([`Leads`]: one pass over the trace, a map from a list's
+//! 64-bit hash to its number, with the list compared on a hit), and the memo is an array by
+//! that number. A prompt's chain is then one read of a known place, which can be asked for
+//! ahead like the requests' records: the memo was a hash map keyed by a hash of the block
+//! size and the list, whose probe, entry and kept list were three cold reads a request at
+//! cluster scale (`perf`: the probe's first load alone was 29 % of `chain_hashes`' samples in
+//! `sim_scale`'s local-prefix round at 2,240 GPUs, `chain_hashes` 9 % of the round's). Three-
+//! round pairs at 2,240 GPUs, this against the map: local-prefix medians 1.018 and 1.029,
+//! evostore 1.036; the pass that numbers the lists is in the timed run. An entry keeps its
+//! block size, so a chain of another block size is replaced.
+//! The memo is bounded: when it holds more than [`MEMO_HASHES`] hashes it is emptied and
+//! filled again as prompts come (the arrays that requests and pools still hold live on with
+//! them, and go with the last of them). It only ever saves work, so its contents never change
+//! a result. One memo serves every actor of a simulation (a lock that is never contended: a
+//! simulation runs on one thread).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::hash::{IdBuildHasher, PartialBlock, mix64};
 use crate::workload::{ReqId, SegId, Trace};
@@ -52,9 +60,8 @@ pub const MEMO_HASHES: usize = 1 << 22;
 /// The chain after a list of segments.
 #[derive(Debug)]
 struct Chain {
-    /// The block size and the list of segments it is the chain of.
+    /// The block size it is the chain of.
     block_size: usize,
-    leading: Vec<SegId>,
     hashes: Arc<[u64]>,
     /// The partial block at the end (fewer tokens than a block; none if the segments end
     /// at a block's end), after the last full block.
@@ -63,8 +70,8 @@ struct Chain {
 
 #[derive(Debug, Default)]
 struct Memo {
-    /// Chains by [`memo_key`] of their block size and list of leading segments.
-    chains: HashMap<u64, Chain, IdBuildHasher>,
+    /// Chains by the number of their list of leading segments (see [`Leads`]).
+    chains: Vec<Option<Chain>>,
     hashes: usize,
     /// Scratch for a prompt's own blocks' hashes.
     tail: Vec<u64>,
@@ -218,20 +225,89 @@ impl From<Vec<u64>> for ChainHashes {
     }
 }
 
-/// The memo's key for a block size and a list of segments: well mixed, as the map's hasher
-/// takes it as it is.
-fn memo_key(block_size: usize, segments: &[SegId]) -> u64 {
-    let mut h = mix64(block_size as u64 ^ (segments.len() as u64) << 32);
+/// A list of segments' key in [`Leads`]' map: well mixed, as the map's hasher takes it as
+/// it is.
+fn list_key(segments: &[SegId]) -> u64 {
+    let mut h = mix64((segments.len() as u64) << 32);
     for s in segments {
         h = mix64(h ^ s.0 as u64);
     }
     h
 }
 
+/// No list of leading segments: a prompt of one segment (or none), hashed on its own.
+const NO_LEAD: u32 = u32::MAX;
+
+/// The number of every request's list of leading segments (all its segments but the last),
+/// equal lists numbered alike, in order of first appearance (see the module doc).
+#[derive(Debug, Default)]
+struct Leads {
+    /// By request: its list's number, or [`NO_LEAD`].
+    of: Vec<u32>,
+    /// How many lists.
+    lists: usize,
+}
+
+impl Leads {
+    fn new(trace: &Trace) -> Leads {
+        Leads::with_key(trace, list_key)
+    }
+
+    /// With `key` for the lists' keys (a test gives every list the same one).
+    fn with_key(trace: &Trace, key: impl Fn(&[SegId]) -> u64) -> Leads {
+        // The lists back to back (a few segments each), `at[n]..at[n + 1]` the `n`-th: compared
+        // on a hit, and small enough to stay in the caches, where the requests' own lists are
+        // spread over the trace.
+        let mut flat: Vec<SegId> = Vec::new();
+        let mut at: Vec<usize> = vec![0];
+        let mut by_key: HashMap<u64, u32, IdBuildHasher> = HashMap::default();
+        let mut of = Vec::with_capacity(trace.requests.len());
+        for r in &trace.requests {
+            let lead = match r.segments.split_last() {
+                Some((_, lead)) if !lead.is_empty() => lead,
+                _ => {
+                    of.push(NO_LEAD);
+                    continue;
+                }
+            };
+            let mut k = key(lead);
+            // Another list under the same key moves on to the next key: bounded, as each step
+            // passes a list already numbered, and there are at most as many as requests.
+            let n = loop {
+                match by_key.get(&k) {
+                    Some(&n) if flat[at[n as usize]..at[n as usize + 1]] == *lead => break n,
+                    Some(_) => k = mix64(k ^ 0x9e37_79b9_7f4a_7c15),
+                    None => {
+                        let n = at.len() as u32 - 1;
+                        flat.extend_from_slice(lead);
+                        at.push(flat.len());
+                        by_key.insert(k, n);
+                        break n;
+                    }
+                }
+            };
+            of.push(n);
+        }
+        Leads {
+            of,
+            lists: at.len() - 1,
+        }
+    }
+
+    /// Request `i`'s list's number, if it has leading segments.
+    #[inline]
+    fn get(&self, i: usize) -> Option<u32> {
+        self.of.get(i).copied().filter(|&n| n != NO_LEAD)
+    }
+}
+
 /// Block hashes of a trace's prompts (see the module doc).
 #[derive(Debug)]
 pub struct PromptHashes {
     trace: Arc<Trace>,
+    /// Numbered at the first prompt hashed: an actor made with a memo of its own, and given
+    /// the simulation's before it runs, costs no pass over the trace.
+    leads: OnceLock<Leads>,
     memo: Mutex<Memo>,
 }
 
@@ -239,8 +315,21 @@ impl PromptHashes {
     pub fn new(trace: Arc<Trace>) -> PromptHashes {
         PromptHashes {
             trace,
+            leads: OnceLock::new(),
             memo: Mutex::new(Memo::default()),
         }
+    }
+
+    #[cfg(test)]
+    fn with_leads(leads: Leads, trace: Arc<Trace>) -> PromptHashes {
+        let memo = PromptHashes::new(trace);
+        memo.leads.set(leads).expect("not numbered yet");
+        memo
+    }
+
+    /// The lists' numbers, made at the first call.
+    fn leads(&self) -> &Leads {
+        self.leads.get_or_init(|| Leads::new(&self.trace))
     }
 
     /// Chained hashes of the prompt's full blocks of `block_size` tokens, as
@@ -268,51 +357,60 @@ impl PromptHashes {
         // contents are still valid chains.
         let mut memo = self.memo.lock().unwrap_or_else(|e| e.into_inner());
         let memo = &mut *memo;
-        let key = memo_key(block_size, leading);
-        let has = |memo: &Memo, key: u64, list: &[SegId]| {
-            memo.chains
-                .get(&key)
-                .is_some_and(|c| c.block_size == block_size && c.leading == list)
+        let i = id.0 as usize;
+        let leads = self.leads();
+        if memo.chains.len() != leads.lists {
+            // The first call (the memo is never emptied by shrinking).
+            memo.chains.resize_with(leads.lists, || None);
+        }
+        let Some(lead) = leads.get(i) else {
+            unreachable!("request {i} has leading segments but no list number");
         };
-        if !has(memo, key, leading) {
+        self.prefetch_memo(leads, memo, i);
+        let has = |memo: &Memo, n: u32| {
+            memo.chains[n as usize]
+                .as_ref()
+                .is_some_and(|c| c.block_size == block_size)
+        };
+        if !has(memo, lead) {
             // Hashed with the next few requests' leading segments that the memo lacks too:
             // the chains are folded in lockstep. The memo only saves work, so what it holds
             // early changes no result.
-            let mut lists: Vec<(u64, &[SegId])> = vec![(key, leading)];
-            let next = id.0 as usize + 1;
+            let mut lists: Vec<(u32, &[SegId])> = vec![(lead, leading)];
+            let next = i + 1;
             let ahead = &self.trace.requests[next.min(self.trace.requests.len())..];
-            for r in ahead.iter().take(LOOKAHEAD) {
+            for (j, r) in ahead.iter().enumerate().take(LOOKAHEAD) {
                 if lists.len() == LANES {
                     break;
                 }
-                let Some((_, lead)) = r.segments.split_last() else {
+                let Some(n) = leads.get(next + j) else {
                     continue;
                 };
-                if lead.is_empty() || lists.iter().any(|&(_, l)| l == lead) {
+                if lists.iter().any(|&(m, _)| m == n) || has(memo, n) {
                     continue;
                 }
-                let k = memo_key(block_size, lead);
-                if !has(memo, k, lead) {
-                    lists.push((k, lead));
-                }
+                let (_, list) = r.segments.split_last().expect("a list numbered");
+                lists.push((n, list));
             }
             let made = self.chains(&lists, block_size, &mut memo.gather);
             // The others first: if the bounded memo must be emptied to take a chain, the one
             // asked for is never the one dropped.
-            for ((k, _), chain) in lists.iter().zip(made).rev() {
+            for ((n, _), chain) in lists.iter().zip(made).rev() {
                 if memo.hashes + chain.hashes.len() > MEMO_HASHES {
-                    memo.chains.clear();
+                    memo.chains.iter_mut().for_each(|c| *c = None);
                     memo.hashes = 0;
                 }
                 memo.hashes += chain.hashes.len();
-                // A colliding list's chain is replaced.
-                if let Some(old) = memo.chains.insert(*k, chain) {
+                // A chain of another block size is replaced.
+                if let Some(old) = memo.chains[*n as usize].replace(chain) {
                     memo.hashes -= old.hashes.len();
                 }
             }
         }
         // Just made if it was missing.
-        let chain = &memo.chains[&key];
+        let chain = memo.chains[lead as usize]
+            .as_ref()
+            .expect("the chain just made");
         if chain.rest.len() + self.trace.arena.len(*last) < block_size {
             // The last segment fills no block: its tokens are not read.
             return ChainHashes {
@@ -328,6 +426,29 @@ impl PromptHashes {
         ChainHashes {
             lead: Some(chain.hashes.clone()),
             tail: Tail::new(&memo.tail),
+        }
+    }
+
+    /// Asks for the memo's entries of the next requests' lists, in two steps: the entry of
+    /// the request [`AHEAD`] twice after `i`, and the count of the shared array of the one
+    /// [`AHEAD`] after it (whose entry the step before asked for), which taking the array
+    /// changes. A hint only: it changes no result.
+    #[inline]
+    fn prefetch_memo(&self, leads: &Leads, memo: &Memo, i: usize) {
+        if let Some(n) = leads.get(i + 2 * AHEAD) {
+            let slot = &memo.chains[n as usize];
+            crate::sim::prefetch::bytes(
+                (slot as *const Option<Chain>).cast(),
+                std::mem::size_of::<Option<Chain>>(),
+            );
+        }
+        if let Some(n) = leads.get(i + AHEAD)
+            && let Some(chain) = &memo.chains[n as usize]
+        {
+            // The counts sit just before the hashes (two words: `Arc`'s layout today; a hint
+            // to the wrong line would only be a wasted hint).
+            let data: *const u8 = Arc::as_ptr(&chain.hashes).cast();
+            crate::sim::prefetch::line(data.wrapping_sub(2 * std::mem::size_of::<usize>()));
         }
     }
 
@@ -364,7 +485,7 @@ impl PromptHashes {
     /// prompt, hashed together.
     fn chains(
         &self,
-        lists: &[(u64, &[SegId])],
+        lists: &[(u32, &[SegId])],
         block_size: usize,
         gather: &mut [Vec<u32>; LANES],
     ) -> Vec<Chain> {
@@ -393,9 +514,8 @@ impl PromptHashes {
             .iter()
             .zip(outs)
             .zip(rests)
-            .map(|(((_, list), hashes), rest)| Chain {
+            .map(|((_, hashes), rest)| Chain {
                 block_size,
-                leading: list.to_vec(),
                 hashes: hashes.into(),
                 rest,
             })
@@ -446,34 +566,49 @@ mod tests {
     }
 
     #[test]
-    fn a_chain_of_another_list_under_the_same_key_is_not_used() {
-        // Two prompts, [a, q] and [b, q]. The memo holds [b]'s chain under the key of [a], as
-        // a collision of the two lists' keys would leave it: asked for [a, q], it must not
-        // use that chain.
+    fn lists_under_the_same_key_get_numbers_of_their_own_and_their_own_chains() {
+        // Three prompts, [a, q], [b, q], [a, q], every list under one key (as colliding
+        // lists' keys would have them): [a] and [b] must get numbers of their own, and each
+        // prompt its own chain.
         let mut arena = TokenArena::default();
         let a = arena.push(0..40);
         let b = arena.push(500..540);
         let q = arena.push(900..910);
-        let trace = trace_of(arena, vec![vec![a, q], vec![b, q]]);
+        let trace = trace_of(arena, vec![vec![a, q], vec![b, q], vec![a, q], vec![q]]);
+        let leads = Leads::with_key(&trace, |_| 7);
+        assert_eq!(leads.of, [0, 1, 0, NO_LEAD]);
+        assert_eq!(leads.lists, 2);
+        let memo = PromptHashes::with_leads(leads, trace.clone());
+        let (mut want, mut got) = (Vec::new(), Vec::new());
+        for id in trace.ids() {
+            memo.block_hashes(id, 16, &mut got);
+            trace.block_hashes(id, 16, &mut want);
+            assert_eq!(got, want, "request {}", id.0);
+        }
+        // [a]'s 2 full blocks and [b]'s.
+        assert_eq!(memo.memo.lock().unwrap().hashes, 4);
+    }
+
+    #[test]
+    fn a_chain_of_another_block_size_is_replaced() {
+        let mut arena = TokenArena::default();
+        let a = arena.push(0..40);
+        let q = arena.push(900..910);
+        let trace = trace_of(arena, vec![vec![a, q]]);
         let memo = PromptHashes::new(trace.clone());
         let (mut want, mut got) = (Vec::new(), Vec::new());
-        memo.block_hashes(ReqId(1), 16, &mut got);
-        {
-            let mut m = memo.memo.lock().unwrap();
-            let chain = m.chains.remove(&memo_key(16, &[b])).unwrap();
-            assert_eq!(chain.leading, [b]);
-            m.chains.insert(memo_key(16, &[a]), chain);
+        for block_size in [16, 8, 16] {
+            memo.block_hashes(ReqId(0), block_size, &mut got);
+            trace.block_hashes(ReqId(0), block_size, &mut want);
+            assert_eq!(got, want, "blocks of {block_size}");
+            let m = memo.memo.lock().unwrap();
+            assert_eq!(m.chains[0].as_ref().unwrap().block_size, block_size);
+            assert_eq!(
+                m.hashes,
+                40 / block_size,
+                "the replaced chain's hashes not counted"
+            );
         }
-        memo.block_hashes(ReqId(0), 16, &mut got);
-        trace.block_hashes(ReqId(0), 16, &mut want);
-        assert_eq!(got, want);
-        // The colliding entry was replaced by [a]'s own chain, and the count of hashes held
-        // follows: [a]'s 2 full blocks, and [b]'s, whose entry the memo no longer had, hashed
-        // again with [a]'s (request 1 is after request 0).
-        let m = memo.memo.lock().unwrap();
-        assert_eq!(m.chains[&memo_key(16, &[a])].leading, [a]);
-        assert_eq!(m.chains[&memo_key(16, &[b])].leading, [b]);
-        assert_eq!(m.hashes, 4);
     }
 
     #[test]
@@ -507,7 +642,12 @@ mod tests {
             assert!((0..want.len()).all(|i| chain.get(i) == want[i]));
         }
         // Emptying the memo leaves the arrays to those who hold them.
-        memo.memo.lock().unwrap().chains.clear();
+        memo.memo
+            .lock()
+            .unwrap()
+            .chains
+            .iter_mut()
+            .for_each(|c| *c = None);
         trace.block_hashes(ReqId(0), 16, &mut want);
         assert_eq!(c[0].to_vec(), want);
     }
@@ -530,15 +670,11 @@ mod tests {
         // counts their hashes: 102 tokens, 6 full blocks each.
         {
             let m = memo.memo.lock().unwrap();
-            let held: Vec<SegId> = order[..4]
-                .iter()
-                .map(|&c| ctx[c])
-                .filter(|&c| m.chains.contains_key(&memo_key(16, &[system, c])))
-                .collect();
-            assert_eq!(held, [ctx[0], ctx[1], ctx[0], ctx[2]]);
-            assert!(m.chains.contains_key(&memo_key(16, &[system, ctx[3]])));
-            assert!(!m.chains.contains_key(&memo_key(16, &[system, ctx[4]])));
-            assert_eq!((m.chains.len(), m.hashes), (4, 24));
+            // Lists are numbered in order of first appearance: a 0, b 1, c 2, d 3, e 4.
+            assert_eq!(memo.leads().of, [0, 1, 0, 2, 3, 4]);
+            let held: Vec<bool> = m.chains.iter().map(Option::is_some).collect();
+            assert_eq!(held, [true, true, true, true, false]);
+            assert_eq!(m.hashes, 24);
         }
         // Every chain is the trace's; the later requests share the arrays made early.
         let mut want = Vec::new();
@@ -552,7 +688,8 @@ mod tests {
             first.lead.as_ref().unwrap(),
             again.lead.as_ref().unwrap()
         ));
-        assert_eq!(memo.memo.lock().unwrap().chains.len(), 5);
+        let m = memo.memo.lock().unwrap();
+        assert!(m.chains.iter().all(Option::is_some));
     }
 
     #[test]
