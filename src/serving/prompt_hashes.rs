@@ -32,7 +32,7 @@
 //! once per list of segments.
 //!
 //! **Lists by number.** Before a run, every request's list of leading segments is given a
-//! number, the same for equal lists ([`Leads`]: one pass over the trace, a map from a list's
+//! number, the same for equal lists (`Leads`: one pass over the trace, a map from a list's
 //! 64-bit hash to its number, with the list compared on a hit), and the memo is an array by
 //! that number. A prompt's chain is then one read of a known place, which can be asked for
 //! ahead like the requests' records: the memo was a hash map keyed by a hash of the block

@@ -213,8 +213,10 @@ impl<M> Seat<M> {
 /// (evostore) and 10 % (local-prefix); 256 bytes no better than every line; none at all 12 %
 /// slower (local-prefix). Those pairs timed first rounds only; retried in three-round pairs
 /// (the twenty-first session in the README): 768 bytes 1.011 (local-prefix) and 1.023
-/// (evostore) of 512, 384 bytes 0.939 and 0.988.
-const ACTOR_BYTES: usize = 512;
+/// (evostore) of 512, 384 bytes 0.939 and 0.988. Since an instance keeps what every event
+/// reads in its first 440 bytes (see [`crate::serving::instance::Instance`]), local-prefix,
+/// six three-round pairs against 512: 704 bytes (the whole pool too) 0.987, 448 bytes 1.006.
+pub(crate) const ACTOR_BYTES: usize = 512;
 
 /// A compute device: when it is free of the work queued on it, and the fraction of its full
 /// speed it computes at now (a `gpu-slow` fault).
