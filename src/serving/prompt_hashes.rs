@@ -31,10 +31,11 @@
 //! of cache misses (and the pools' copies hundreds of MiB), the leading hashes are in memory
 //! once per list of segments.
 //!
-//! **Lists by number.** Before a run, every request's list of leading segments is given a
-//! number, the same for equal lists (`Leads`: one pass over the trace, a map from a list's
-//! 64-bit hash to its number, with the list compared on a hit), and the memo is an array by
-//! that number. A prompt's chain is then one read of a known place, which can be asked for
+//! **Lists by number.** At the first prompt hashed, every request's list of leading segments
+//! is given a number, the same for equal lists (`Leads`: one pass over the trace, a map from a
+//! list's 64-bit hash to its number, with the list compared on a hit), and the memo is an
+//! array by that number (an entry a list: 40 bytes, besides the 4 bytes a request of the
+//! numbers; bounded by the trace). A prompt's chain is then one read of a known place, which can be asked for
 //! ahead like the requests' records: the memo was a hash map keyed by a hash of the block
 //! size and the list, whose probe, entry and kept list were three cold reads a request at
 //! cluster scale (`perf`: the probe's first load alone was 29 % of `chain_hashes`' samples in
@@ -255,14 +256,17 @@ impl Leads {
 
     /// With `key` for the lists' keys (a test gives every list the same one).
     fn with_key(trace: &Trace, key: impl Fn(&[SegId]) -> u64) -> Leads {
-        // The lists back to back (a few segments each), `at[n]..at[n + 1]` the `n`-th: compared
-        // on a hit, and small enough to stay in the caches, where the requests' own lists are
-        // spread over the trace.
-        let mut flat: Vec<SegId> = Vec::new();
-        let mut at: Vec<usize> = vec![0];
+        // By number, the request that first had the list: compared on a hit, without a copy
+        // of the lists (as long as the trace's own, for a trace of block ids). Few requests
+        // (one a context window on SQuAD), so their lists stay in the caches.
+        let mut first: Vec<u32> = Vec::new();
         let mut by_key: HashMap<u64, u32, IdBuildHasher> = HashMap::default();
+        let list_of = |r: u32| {
+            let segments = &trace.requests[r as usize].segments;
+            &segments[..segments.len() - 1]
+        };
         let mut of = Vec::with_capacity(trace.requests.len());
-        for r in &trace.requests {
+        for (i, r) in trace.requests.iter().enumerate() {
             let lead = match r.segments.split_last() {
                 Some((_, lead)) if !lead.is_empty() => lead,
                 _ => {
@@ -275,12 +279,11 @@ impl Leads {
             // passes a list already numbered, and there are at most as many as requests.
             let n = loop {
                 match by_key.get(&k) {
-                    Some(&n) if flat[at[n as usize]..at[n as usize + 1]] == *lead => break n,
+                    Some(&n) if list_of(first[n as usize]) == lead => break n,
                     Some(_) => k = mix64(k ^ 0x9e37_79b9_7f4a_7c15),
                     None => {
-                        let n = at.len() as u32 - 1;
-                        flat.extend_from_slice(lead);
-                        at.push(flat.len());
+                        let n = first.len() as u32;
+                        first.push(i as u32);
                         by_key.insert(k, n);
                         break n;
                     }
@@ -290,7 +293,7 @@ impl Leads {
         }
         Leads {
             of,
-            lists: at.len() - 1,
+            lists: first.len(),
         }
     }
 
