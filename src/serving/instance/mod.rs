@@ -787,9 +787,17 @@ impl Instance {
         // next; none of them finished or filled a prompt block: the tick below applies that.
         // The others are visited, in admission order; finished ones are marked and leave
         // `running` at the end (keeping the admission order of the others).
+        self.running.hint_visits();
         let mut visit = std::mem::take(&mut self.visit);
         self.running.due_now(&mut visit);
-        for &i in &visit {
+        for (k, &i) in visit.iter().enumerate() {
+            // The cold part of the sequence two visits on (its prompt's hashes as its blocks
+            // fill, its record as it finishes): its pointer is in a line already asked for.
+            if let Some(&j) = visit.get(k + 2) {
+                let cold: &Cold = &self.running[j as usize].cold;
+                crate::sim::prefetch::line((&raw const *cold).cast());
+                crate::sim::prefetch::line((&raw const cold.hashes).cast());
+            }
             let seq = &mut self.running[i as usize];
             if seq.scheduled == 0 {
                 continue;
