@@ -123,6 +123,24 @@ pub struct StoreLink {
     pub layers: u32,
 }
 
+thread_local! {
+    /// Positions of the running sequences an iteration visits: one buffer a thread, which its
+    /// instances take in turn, so that it stays in the first-level cache (a buffer of each
+    /// instance's own was a cold line, read and written, at every iteration's end at 2,240
+    /// GPUs). At most `max_num_seqs` long.
+    static VISIT: std::cell::Cell<Vec<u32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The thread's visit buffer (empty if it is out: nobody takes it twice).
+fn take_visit() -> Vec<u32> {
+    VISIT.with(std::cell::Cell::take)
+}
+
+/// Gives the visit buffer back.
+fn put_visit(visit: Vec<u32>) {
+    VISIT.with(|v| v.set(visit));
+}
+
 /// A request in the instance. `repr(C)` and 64-byte aligned, with what every iteration reads
 /// and writes of every running sequence (its counters, its load and its blocks) in the first
 /// 64 bytes: an iteration over a batch of hundreds touches one cache line per sequence (at
@@ -267,8 +285,6 @@ pub struct Instance {
     /// The prompts' block hashes (a memo shared by the actors of a simulation).
     hashes: Arc<PromptHashes>,
     running: Running,
-    /// Positions of the running sequences an iteration visits (a buffer kept for reuse).
-    visit: Vec<u32>,
     waiting: VecDeque<Seq>,
     /// Buffers of finished requests, for the next ones.
     spare: Spare,
@@ -380,7 +396,6 @@ impl Instance {
             waiting: VecDeque::new(),
             running: Running::with_capacity(cfg.max_num_seqs.min(RUNNING_RESERVE) as usize),
             lockstep: !backend.real(),
-            visit: Vec::new(),
             parked: Vec::new(),
             busy_since: None,
             phase: Phase::Compute,
@@ -614,7 +629,7 @@ impl Instance {
     /// token and need no block). Returns false, having changed nothing but made the due
     /// sequences active, where that does not hold.
     fn lockstep_step(&mut self, budget: &mut u32, shape: &mut BatchShape) -> bool {
-        let mut visit = std::mem::take(&mut self.visit);
+        let mut visit = take_visit();
         self.running.due_now(&mut visit);
         for &i in &visit {
             self.running.materialize(i as usize);
@@ -645,7 +660,7 @@ impl Instance {
             shape.add_decoding(steady, steady_computed);
             *budget -= demand as u32;
         }
-        self.visit = visit;
+        put_visit(visit);
         fits
     }
 
@@ -788,7 +803,7 @@ impl Instance {
         // The others are visited, in admission order; finished ones are marked and leave
         // `running` at the end (keeping the admission order of the others).
         self.running.hint_visits();
-        let mut visit = std::mem::take(&mut self.visit);
+        let mut visit = take_visit();
         self.running.due_now(&mut visit);
         for (k, &i) in visit.iter().enumerate() {
             // The cold part of the sequence two visits on (its prompt's hashes as its blocks
@@ -933,7 +948,7 @@ impl Instance {
             self.running
                 .remove_each(&visit, |seq| spare.keep(seq, real));
         }
-        self.visit = visit;
+        put_visit(visit);
         self.step(ctx);
     }
 
