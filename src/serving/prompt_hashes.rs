@@ -81,6 +81,31 @@ struct Memo {
     gather: [Vec<u32>; LANES],
 }
 
+impl Memo {
+    /// Asks for the memo's entries of the next requests' lists, in two steps: the entry of
+    /// the request [`AHEAD`] twice after `i`, and the count of the shared array of the one
+    /// [`AHEAD`] after it (whose entry the step before asked for), which taking the array
+    /// changes. A hint only: it changes no result.
+    #[inline]
+    fn prefetch(&self, leads: &Leads, i: usize) {
+        if let Some(n) = leads.get(i + 2 * AHEAD) {
+            let slot = &self.chains[n as usize];
+            crate::sim::prefetch::bytes(
+                (slot as *const Option<Chain>).cast(),
+                std::mem::size_of::<Option<Chain>>(),
+            );
+        }
+        if let Some(n) = leads.get(i + AHEAD)
+            && let Some(chain) = &self.chains[n as usize]
+        {
+            // The counts sit just before the hashes (two words: `Arc`'s layout today; a hint
+            // to the wrong line would only be a wasted hint).
+            let data: *const u8 = Arc::as_ptr(&chain.hashes).cast();
+            crate::sim::prefetch::line(data.wrapping_sub(2 * std::mem::size_of::<usize>()));
+        }
+    }
+}
+
 /// Most lists of leading segments hashed together (see [`crate::hash::chains`]).
 const LANES: usize = 4;
 
@@ -369,7 +394,7 @@ impl PromptHashes {
         let Some(lead) = leads.get(i) else {
             unreachable!("request {i} has leading segments but no list number");
         };
-        self.prefetch_memo(leads, memo, i);
+        memo.prefetch(leads, i);
         let has = |memo: &Memo, n: u32| {
             memo.chains[n as usize]
                 .as_ref()
@@ -429,29 +454,6 @@ impl PromptHashes {
         ChainHashes {
             lead: Some(chain.hashes.clone()),
             tail: Tail::new(&memo.tail),
-        }
-    }
-
-    /// Asks for the memo's entries of the next requests' lists, in two steps: the entry of
-    /// the request [`AHEAD`] twice after `i`, and the count of the shared array of the one
-    /// [`AHEAD`] after it (whose entry the step before asked for), which taking the array
-    /// changes. A hint only: it changes no result.
-    #[inline]
-    fn prefetch_memo(&self, leads: &Leads, memo: &Memo, i: usize) {
-        if let Some(n) = leads.get(i + 2 * AHEAD) {
-            let slot = &memo.chains[n as usize];
-            crate::sim::prefetch::bytes(
-                (slot as *const Option<Chain>).cast(),
-                std::mem::size_of::<Option<Chain>>(),
-            );
-        }
-        if let Some(n) = leads.get(i + AHEAD)
-            && let Some(chain) = &memo.chains[n as usize]
-        {
-            // The counts sit just before the hashes (two words: `Arc`'s layout today; a hint
-            // to the wrong line would only be a wasted hint).
-            let data: *const u8 = Arc::as_ptr(&chain.hashes).cast();
-            crate::sim::prefetch::line(data.wrapping_sub(2 * std::mem::size_of::<usize>()));
         }
     }
 
