@@ -262,30 +262,40 @@ impl Starts {
 
 /// Registered blocks at consecutive chain positions (see the module doc). Positions are
 /// relative to the segment's first block.
+///
+/// Two 64-byte lines, aligned (`repr(C)`): the first holds what a lookup reads (the chain,
+/// where it starts, its length, where hashes last parted, where its free blocks begin), the
+/// second what holding, releasing and registering change. Unaligned in a `Vec`, a segment's
+/// 128 bytes straddled three lines seven times in eight.
 #[derive(Clone, Debug)]
+#[repr(C, align(64))]
 struct Seg {
+    /// The chain its hashes are positions `start..start + len` of.
+    chain: ChainHashes,
     /// Chain position of its first block.
     start: u32,
     /// Its blocks (positions `0..len`).
     len: u32,
-    /// The chain its hashes are positions `start..start + len` of.
-    chain: ChainHashes,
-    ids: Vec<BlockId>,
-    /// Its holders' prefix lengths shorter than the longest (`free_from`), ascending.
-    below: Vec<u32>,
-    /// How many holders hold the longest prefix (0 with none).
-    at_max: u32,
+    /// Where the last lookup that entered it found the hashes parting from its own (0 if
+    /// none did): tried first by the next (see [`BlockPool::step`]).
+    parted: Cell<u32>,
     /// Positions from here on are free: the longest holder's length (0 with none), kept
     /// in the record so that a lookup counting free hits does not read them.
     free_from: u32,
+    /// How many holders hold the longest prefix (0 with none).
+    at_max: u32,
     /// Its runs in the free queue: the one with its highest positions (nearest the head) and
     /// the one with its lowest (queued last).
     top: u32,
     low: u32,
-    /// Where the last lookup that entered it found the hashes parting from its own (0 if
-    /// none did): tried first by the next (see [`BlockPool::step`]).
-    parted: Cell<u32>,
+    ids: Vec<BlockId>,
+    /// Its holders' prefix lengths shorter than the longest (`free_from`), ascending.
+    below: Vec<u32>,
 }
+
+// Two lines a segment, the lookup's fields in the first.
+const _: () = assert!(std::mem::size_of::<Seg>() == 128);
+const _: () = assert!(std::mem::offset_of!(Seg, free_from) + 4 <= 64);
 
 impl Seg {
     /// An unused slot.
@@ -325,7 +335,11 @@ impl Seg {
 /// A run of the free queue: positions `lo..hi` of segment `seg` (queued from `hi - 1` down),
 /// or, with `seg` `NONE`, unregistered blocks: the `lo`-th to the `hi`-th queued to it, whose
 /// ids are `anon[lo..hi]` (in queue order) if the pool keeps ids.
+///
+/// One 64-byte line, aligned: unaligned in a `Vec`, a run's 56 bytes straddled two lines
+/// more often than not.
 #[derive(Clone, Debug, Default)]
+#[repr(align(64))]
 struct Run {
     prev: u32,
     next: u32,
@@ -338,6 +352,8 @@ struct Run {
     up: u32,
     anon: Vec<BlockId>,
 }
+
+const _: () = assert!(std::mem::size_of::<Run>() == 64);
 
 impl Run {
     fn blocks(&self) -> u32 {
