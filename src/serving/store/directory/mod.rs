@@ -148,22 +148,31 @@ pub enum StoreEvent {
     },
 }
 
+/// A stored tensor's record: two 64-byte lines, aligned (`repr(C)`), with what a lookup
+/// reads of each tensor it plans to load (its replicas' count, lease, owner, tier and
+/// region) in the first. Unaligned, the records' 104 bytes in the map's `Vec` spread over
+/// two or three lines, and a lookup's fields over two.
 #[derive(Clone, Debug)]
+#[repr(C, align(64))]
 struct Tensor {
-    parent: Option<TensorId>,
-    index: u32,
-    owner: u32,
-    loc: Location,
+    replicas: Vec<u32>,
+    /// Until when (ns) a read lease holds it (see [`Directory::set_lease`]); 0: never leased.
+    lease_until: u64,
     region: u64,
-    children: Vec<TensorId>,
+    owner: u32,
+    index: u32,
     /// Children owned by the same node, in its host memory / on its SSD (whatever this
     /// tensor's own tier): the tensor is a leaf of its tier when the count of that tier is 0.
     host_kids: u32,
     ssd_kids: u32,
-    replicas: Vec<u32>,
-    /// Until when (ns) a read lease holds it (see [`Directory::set_lease`]); 0: never leased.
-    lease_until: u64,
+    loc: Location,
+    parent: Option<TensorId>,
+    children: Vec<TensorId>,
 }
+
+// Two lines a tensor, what a lookup reads in the first.
+const _: () = assert!(std::mem::size_of::<Tensor>() == 128);
+const _: () = assert!(std::mem::offset_of!(Tensor, loc) < 64);
 
 impl Tensor {
     /// The count of children owned by the same node and in tier `loc`.
