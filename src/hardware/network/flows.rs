@@ -47,22 +47,31 @@ impl Link {
     }
 }
 
+/// A flow's record: two 64-byte lines, aligned (`repr(C)`), with what the re-share's walk
+/// over a component reads and marks (its path, its stamp, its rates) in the first; its
+/// progress (bytes left, since when, latency) in the second. Unaligned, the records' 88
+/// bytes in a `Vec` spread over two or three lines.
 #[derive(Clone, Debug)]
+#[repr(C, align(64))]
 struct Flow {
     links: [u32; super::MAX_PATH],
     len: u8,
     live: bool,
-    /// Bytes still to send at `updated`.
-    remaining: f64,
-    /// Bytes/s since `updated`.
-    rate: f64,
-    updated: Nanos,
-    version: u32,
-    latency: Nanos,
     // Scratch for progressive filling.
     stamp: u32,
+    version: u32,
     new_rate: f64,
+    /// Bytes/s since `updated`.
+    rate: f64,
+    /// Bytes still to send at `updated`.
+    remaining: f64,
+    updated: Nanos,
+    latency: Nanos,
 }
+
+// Two lines a flow, what the walk reads in the first.
+const _: () = assert!(std::mem::size_of::<Flow>() == 128);
+const _: () = assert!(std::mem::offset_of!(Flow, rate) + 8 <= 64);
 
 /// Every link's bandwidth and the flows sharing them.
 #[derive(Debug)]
