@@ -57,8 +57,10 @@ struct Flow {
     links: [u32; super::MAX_PATH],
     len: u8,
     live: bool,
-    // Scratch for progressive filling.
+    /// Scratch for progressive filling (with `new_rate`).
     stamp: u32,
+    /// Bumped when it starts, when its rate changes and when it ends: a finish event of an
+    /// older version is stale.
     version: u32,
     new_rate: f64,
     /// Bytes/s since `updated`.
