@@ -696,9 +696,15 @@ impl Instance {
             .collect();
         let r = self.backend.iteration(shape, &mut members);
         let sampled: Vec<Option<Sampled>> = members.into_iter().map(|m| m.sampled).collect();
-        let scheduled = self.running.iter_mut().filter(|s| s.scheduled > 0);
-        for (seq, got) in scheduled.zip(sampled) {
-            seq.cold.pending = got;
+        let mut sampled = sampled.into_iter();
+        for i in 0..self.running.len() {
+            let seq = &mut self.running[i];
+            if seq.scheduled > 0 {
+                let Some(got) = sampled.next() else {
+                    break;
+                };
+                seq.cold.pending = got;
+            }
         }
         r
     }

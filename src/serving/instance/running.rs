@@ -20,6 +20,16 @@
 //! A *tick* is one applied iteration in which every steady sequence computed one token: the
 //! instance calls [`Running::advance`] at the end of each iteration, and makes every sequence
 //! active again ([`Running::materialize_all`]) before an iteration in which one might not.
+//!
+//! **Sequences stay where they are.** A sequence keeps the slot it was pushed into until it
+//! leaves; the admission order is a list of slots, kept in the low bits of the `due` words
+//! that every iteration scans anyway. A sequence that finishes (or is preempted) leaves a free
+//! slot, which the next one pushed takes (the last freed first): nothing moves. When the
+//! batch was an array in admission order, a sequence that finished closed its gap by moving
+//! every one admitted after it (on average fifteen of 128 bytes at 2,240 GPUs), and those
+//! were mostly steady sequences that no iteration reads, so the move read and wrote lines
+//! brought in for nothing (`perf`, `sim_scale`'s local-prefix round at 2,240 GPUs: the copy
+//! was about 5 % of the simulation's samples).
 
 use super::Seq;
 
@@ -30,14 +40,26 @@ const VISIT_HINTS: usize = 32;
 /// `since` of a sequence that is not steady.
 const ACTIVE: u64 = u64::MAX;
 
+/// Low bits of a `due` word that name the sequence's slot. A tick is at most the events a run
+/// processes (below 2^39, [`crate::sim::kernel::MAX_EVENTS`]) plus a request's tokens (below
+/// 2^32), so a due tick fits the 40 bits above them; slots are at most the batch's
+/// `max_num_seqs` (at most 65,536).
+const SLOT_BITS: u32 = 24;
+const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
+
 /// The running sequences in admission order (see the module doc).
 #[derive(Debug, Default)]
 pub(super) struct Running {
-    seqs: Vec<Seq>,
-    /// By sequence: the first tick at which the scheduler must visit it (0 if it is active:
-    /// visited at every iteration).
+    /// The sequences by slot; a free slot is `None` (a `Seq` holds a box, so that costs no
+    /// room: an element is one sequence, two lines).
+    slots: Vec<Option<Seq>>,
+    /// Free slots, the last freed last.
+    free: Vec<u32>,
+    /// By position in admission order: the first tick at which the scheduler must visit the
+    /// sequence (0 if it is active: visited at every iteration) above [`SLOT_BITS`], and its
+    /// slot below.
     due: Vec<u64>,
-    /// By sequence: the tick it became steady at, or [`ACTIVE`].
+    /// By position: the tick it became steady at, or [`ACTIVE`].
     since: Vec<u64>,
     /// Iterations applied.
     tick: u64,
@@ -47,53 +69,102 @@ pub(super) struct Running {
     base: u64,
 }
 
-impl std::ops::Deref for Running {
-    type Target = [Seq];
+impl std::ops::Index<usize> for Running {
+    type Output = Seq;
 
-    /// The sequences, in admission order. A steady sequence's `computed` and `generated` are
-    /// those of its tick `since`, not its true ones.
-    fn deref(&self) -> &[Seq] {
-        &self.seqs
+    /// The sequence at position `i` in admission order. A steady sequence's `computed` and
+    /// `generated` are those of its tick `since`, not its true ones.
+    #[inline]
+    fn index(&self, i: usize) -> &Seq {
+        self.slots[self.slot(i)]
+            .as_ref()
+            .expect("a position names a full slot")
     }
 }
 
-impl std::ops::DerefMut for Running {
-    /// As [`Deref`](std::ops::Deref): what a caller changes of a steady sequence must not be
+impl std::ops::IndexMut<usize> for Running {
+    /// As [`Index`](std::ops::Index): what a caller changes of a steady sequence must not be
     /// its counters.
-    fn deref_mut(&mut self) -> &mut [Seq] {
-        &mut self.seqs
+    #[inline]
+    fn index_mut(&mut self, i: usize) -> &mut Seq {
+        let slot = self.slot(i);
+        self.slots[slot]
+            .as_mut()
+            .expect("a position names a full slot")
     }
 }
 
 impl Running {
     pub fn with_capacity(n: usize) -> Running {
         Running {
-            seqs: Vec::with_capacity(n),
+            slots: Vec::with_capacity(n),
+            free: Vec::with_capacity(n),
             due: Vec::with_capacity(n),
             since: Vec::with_capacity(n),
             ..Running::default()
         }
     }
 
+    /// Running sequences.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.due.len()
+    }
+
+    #[cfg(test)]
+    pub fn is_empty(&self) -> bool {
+        self.due.is_empty()
+    }
+
+    /// The sequences in admission order (see [`Index`](std::ops::Index)).
+    pub fn iter(&self) -> impl Iterator<Item = &Seq> + '_ {
+        (0..self.len()).map(move |i| &self[i])
+    }
+
+    /// The position of the first sequence (in admission order) for which `f` holds.
+    pub fn position(&self, mut f: impl FnMut(&Seq) -> bool) -> Option<usize> {
+        (0..self.len()).find(|&i| f(&self[i]))
+    }
+
+    /// The slot of the sequence at position `i`.
+    #[inline]
+    fn slot(&self, i: usize) -> usize {
+        (self.due[i] & SLOT_MASK) as usize
+    }
+
     /// Adds `seq` at the back (the most recently admitted), active.
     pub fn push(&mut self, seq: Seq) {
-        self.seqs.push(seq);
-        self.due.push(0);
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.slots[slot as usize] = Some(seq);
+                u64::from(slot)
+            }
+            None => {
+                self.slots.push(Some(seq));
+                self.slots.len() as u64 - 1
+            }
+        };
+        assert!(slot <= SLOT_MASK, "a batch holds at most 2^24 sequences");
+        self.due.push(slot);
         self.since.push(ACTIVE);
     }
 
     /// Takes the most recently admitted sequence out, with its true counters.
     pub fn pop(&mut self) -> Option<Seq> {
-        let last = self.seqs.len().checked_sub(1)?;
+        let last = self.len().checked_sub(1)?;
         Some(self.remove(last))
     }
 
     /// Takes the `i`-th sequence out, with its true counters.
     pub fn remove(&mut self, i: usize) -> Seq {
         self.materialize(i);
+        let slot = self.slot(i);
         self.due.remove(i);
         self.since.remove(i);
-        self.seqs.remove(i)
+        self.free.push(slot as u32);
+        self.slots[slot]
+            .take()
+            .expect("a position names a full slot")
     }
 
     /// Takes out the sequences at `at` (increasing positions) and gives each to `f`, in
@@ -110,7 +181,10 @@ impl Running {
         if since == ACTIVE {
             return;
         }
-        let seq = &mut self.seqs[i];
+        let slot = self.slot(i);
+        let seq = self.slots[slot]
+            .as_mut()
+            .expect("a position names a full slot");
         self.base = self
             .base
             .wrapping_sub(u64::from(seq.computed).wrapping_sub(since));
@@ -120,7 +194,7 @@ impl Running {
         seq.computed += ticks;
         seq.generated += ticks;
         self.since[i] = ACTIVE;
-        self.due[i] = 0;
+        self.due[i] = slot as u64;
     }
 
     /// Makes every sequence active (before an iteration that may not schedule them all).
@@ -128,7 +202,7 @@ impl Running {
         if self.steady == 0 {
             return;
         }
-        for i in 0..self.seqs.len() {
+        for i in 0..self.len() {
             self.materialize(i);
         }
         debug_assert_eq!((self.steady, self.base), (0, 0));
@@ -137,11 +211,12 @@ impl Running {
     /// Makes the active `i`-th sequence steady from now until tick `due` (later than now).
     pub fn make_steady(&mut self, i: usize, due: u64) {
         debug_assert!(self.since[i] == ACTIVE && due > self.tick);
+        debug_assert!(due < 1 << (64 - SLOT_BITS));
+        let slot = self.slot(i);
         self.since[i] = self.tick;
-        self.due[i] = due;
+        self.due[i] = due << SLOT_BITS | slot as u64;
         self.steady += 1;
-        self.base =
-            (self.base).wrapping_add(u64::from(self.seqs[i].computed).wrapping_sub(self.tick));
+        self.base = (self.base).wrapping_add(u64::from(self[i].computed).wrapping_sub(self.tick));
     }
 
     /// The positions of the sequences to visit now (active, or steady and due), in
@@ -151,7 +226,7 @@ impl Running {
         let now = self.tick;
         out.extend(
             (self.due.iter().enumerate())
-                .filter(|&(_, &d)| d <= now)
+                .filter(|&(_, &d)| d >> SLOT_BITS <= now)
                 .map(|(i, _)| i as u32),
         );
     }
@@ -164,8 +239,8 @@ impl Running {
     /// event comes, and these were misses taken one after another as each was visited.
     pub fn hint_visits(&self) {
         self.visits_ahead(|i, steady| {
-            let seq: *const Seq = &raw const self.seqs[i];
-            crate::sim::prefetch::bytes(seq.cast(), std::mem::size_of::<Seq>());
+            let seq: *const Option<Seq> = self.slots.as_ptr().wrapping_add(self.slot(i));
+            crate::sim::prefetch::bytes(seq.cast(), std::mem::size_of::<Option<Seq>>());
             if steady {
                 crate::sim::prefetch::line((&raw const self.since[i]).cast());
             }
@@ -178,6 +253,7 @@ impl Running {
         let next = self.tick + 1;
         let mut asked = 0;
         for (i, &d) in self.due.iter().enumerate() {
+            let d = d >> SLOT_BITS;
             if d <= next {
                 f(i, d != 0);
                 asked += 1;
@@ -256,6 +332,61 @@ mod tests {
         r.materialize(1);
         let _ = r.remove(0);
         assert_eq!(ahead(&r), [(0, false), (2, false), (3, true)]);
+    }
+
+    #[test]
+    fn a_sequence_that_leaves_moves_no_other_and_its_slot_is_taken_next() {
+        let mut r = Running::with_capacity(2);
+        for i in 0..5 {
+            r.push(seq(i));
+        }
+        let at = |r: &Running, i: usize| (&raw const r[i]).addr();
+        let before: Vec<usize> = (0..5).map(|i| at(&r, i)).collect();
+        r.make_steady(3, 4);
+        assert_eq!(r.remove(1).req, ReqId(1));
+        assert_eq!(
+            r.remove(2).req,
+            ReqId(3),
+            "positions follow admission order"
+        );
+        let reqs: Vec<u32> = r.iter().map(|s| s.req.0).collect();
+        assert_eq!(reqs, [0, 2, 4]);
+        assert_eq!(
+            [at(&r, 0), at(&r, 1), at(&r, 2)],
+            [before[0], before[2], before[4]],
+            "nothing moved"
+        );
+        // The last freed slot is taken first; the new sequence is the last admitted.
+        r.push(seq(9));
+        assert_eq!(at(&r, 3), before[3]);
+        r.push(seq(10));
+        assert_eq!(at(&r, 4), before[1]);
+        let reqs: Vec<u32> = r.iter().map(|s| s.req.0).collect();
+        assert_eq!(reqs, [0, 2, 4, 9, 10]);
+        assert_eq!(r.position(|s| s.req == ReqId(9)), Some(3));
+        assert_eq!(r.pop().map(|s| s.req), Some(ReqId(10)));
+        assert_eq!(r.len(), 4);
+    }
+
+    #[test]
+    fn a_steady_sequence_is_due_and_leaves_with_its_true_counters() {
+        let mut r = Running::with_capacity(4);
+        for i in 0..3 {
+            r.push(seq(i));
+        }
+        r.make_steady(1, 3);
+        let mut v = Vec::new();
+        r.due_now(&mut v);
+        assert_eq!(v, [0, 2]);
+        for _ in 0..3 {
+            r.advance();
+        }
+        r.due_now(&mut v);
+        assert_eq!(v, [0, 1, 2], "due at tick 3");
+        assert_eq!(r.steady(), (1, 3));
+        let s = r.remove(1);
+        assert_eq!((s.computed, s.generated), (3, 3));
+        assert_eq!(r.steady(), (0, 0));
     }
 
     #[test]

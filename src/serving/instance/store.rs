@@ -180,7 +180,7 @@ impl Instance {
             self.lose_load(&mut seq);
             self.release_blocks(&mut seq);
             self.waiting.push_front(seq);
-        } else if let Some(i) = self.running.iter().position(in_flight) {
+        } else if let Some(i) = self.running.position(in_flight) {
             let mut seq = self.running.remove(i);
             if let Some(l) = seq.load.as_mut() {
                 l.pending -= 1;
@@ -210,7 +210,7 @@ impl Instance {
         let parked = self.parked.iter().position(in_flight);
         let seq = match parked {
             Some(i) => self.parked.get_mut(i),
-            None => self.running.iter_mut().find(|s| in_flight(s)),
+            None => (self.running.position(in_flight)).map(|i| &mut self.running[i]),
         };
         let (Some(seq), Some(st)) = (seq, self.store.as_ref()) else {
             let me = format!("instance {}", self.index);

@@ -629,6 +629,8 @@ fn what_an_iteration_reads_of_a_sequence_fits_its_first_cache_line() {
     assert!(offset_of!(Seq, load) < 64 && offset_of!(Seq, done) < 64);
     // What only admission, loads and the end read is boxed: a sequence moves as two lines.
     assert_eq!(size_of::<Seq>(), 128);
+    // The batch's slots hold `Option<Seq>`: the box gives `None` a place, no room.
+    assert_eq!(size_of::<Option<Seq>>(), 128);
 }
 
 #[test]
