@@ -145,10 +145,10 @@ fn put_visit(visit: Vec<u32>) {
 /// and writes of every running sequence (its counters, its load and its blocks) in the first
 /// 64 bytes: an iteration over a batch of hundreds touches one cache line per sequence (at
 /// cluster scale the instance is cold when its event comes). The rest is boxed ([`Cold`]),
-/// so that a sequence is two lines: a sequence moves whenever it changes queues and whenever
-/// one before it in the batch finishes, and moving a whole record (seven lines) read and
-/// wrote lines no iteration needs (`perf`: a twentieth of vanilla's time at 2,240 GPUs was
-/// those copies).
+/// so that a sequence is two lines: a sequence moves whenever it changes queues (and, before
+/// the batch kept its sequences in slots, see [`running`], whenever one before it in the batch
+/// finished), and moving a whole record (seven lines) read and wrote lines no iteration needs
+/// (`perf`: a twentieth of vanilla's time at 2,240 GPUs was those copies).
 #[derive(Debug)]
 #[repr(C, align(64))]
 struct Seq {
@@ -171,8 +171,8 @@ struct Seq {
     load: Option<Box<Load>>,
     blocks: Blocks,
     /// What only admission, a store load, a preemption or the end reads: boxed, so that a
-    /// sequence is two cache lines and moving it (between queues, or as the batch closes
-    /// the gap a finished one left) copies those, not the whole record.
+    /// sequence is two cache lines and moving it (between queues) copies those, not the
+    /// whole record.
     cold: Box<Cold>,
 }
 
