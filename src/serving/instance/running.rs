@@ -211,7 +211,10 @@ impl Running {
     /// Makes the active `i`-th sequence steady from now until tick `due` (later than now).
     pub fn make_steady(&mut self, i: usize, due: u64) {
         debug_assert!(self.since[i] == ACTIVE && due > self.tick);
-        debug_assert!(due < 1 << (64 - SLOT_BITS));
+        assert!(
+            due < 1 << (64 - SLOT_BITS),
+            "a due tick fits above the slot"
+        );
         let slot = self.slot(i);
         self.since[i] = self.tick;
         self.due[i] = due << SLOT_BITS | slot as u64;
