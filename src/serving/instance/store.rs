@@ -210,7 +210,10 @@ impl Instance {
         let parked = self.parked.iter().position(in_flight);
         let seq = match parked {
             Some(i) => self.parked.get_mut(i),
-            None => (self.running.position(in_flight)).map(|i| &mut self.running[i]),
+            None => self
+                .running
+                .position(in_flight)
+                .map(|i| &mut self.running[i]),
         };
         let (Some(seq), Some(st)) = (seq, self.store.as_ref()) else {
             let me = format!("instance {}", self.index);
