@@ -302,6 +302,50 @@ fn pipeline_and_live_runs_check_their_folder_before_any_work() {
     assert_eq!(names(&mine), ["a.txt"]);
 }
 
+/// A results folder beside which nothing can be made (here in a pseudo file system, which
+/// refuses a new folder even to root, so the test holds as root as well) is refused before
+/// any work: a serving run, a share of one and a pipeline run. Before, a serving run found
+/// out only when its first simulation had finished and its request rows had nowhere to go.
+#[test]
+#[cfg(target_os = "linux")]
+fn a_place_where_nothing_can_be_made_is_refused_before_any_work() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tmp = tempfile::tempdir().unwrap();
+    let scenario = tiny_scenario(tmp.path());
+    let pipeline = root.join("scenarios/pipeline_small_2shard.toml");
+    let out = "/proc/meshsim-results";
+    for args in [
+        vec!["run", s(&scenario), "--out", out],
+        vec!["run", s(&scenario), "--out", out, "--points", "1/1"],
+        vec!["run", s(&pipeline), "--out", out],
+    ] {
+        let o = meshsim(tmp.path(), &args);
+        assert_refused(&o, out, "cannot make a folder beside it");
+    }
+    assert_eq!(names(tmp.path()), ["tiny.toml"]);
+}
+
+/// Bad input found once the scratch folder is made (a trace file that is not one) leaves
+/// nothing behind: neither the scratch folder nor the parents made for it.
+#[test]
+fn bad_input_found_after_the_scratch_folder_is_made_leaves_nothing_behind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let scenario = tiny_scenario(tmp.path());
+    let text = std::fs::read_to_string(&scenario).unwrap();
+    let at = text.find("[workload]").unwrap();
+    let traced = format!(
+        "{}[workload]\nsource = \"mooncake-jsonl\"\npath = \"bad.jsonl\"\n",
+        &text[..at]
+    );
+    std::fs::write(tmp.path().join("bad.jsonl"), "not a trace\n").unwrap();
+    let with_trace = tmp.path().join("traced.toml");
+    std::fs::write(&with_trace, traced).unwrap();
+    let out = tmp.path().join("a/b/out");
+    let o = meshsim(tmp.path(), &["run", s(&with_trace), "--out", s(&out)]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(names(tmp.path()), ["bad.jsonl", "tiny.toml", "traced.toml"]);
+}
+
 #[test]
 fn profile_compare_and_trace_convert_refuse_devices_folders_links_and_foreign_files() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));

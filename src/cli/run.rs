@@ -81,6 +81,23 @@ pub(crate) fn run(
     if let Err(e) = output::check_out_dir(&dir) {
         return refused(e);
     }
+    // Serving runs spool each finished simulation's request rows beside the results folder.
+    // Made now, so that a place where no results can be written is refused before the run
+    // (a pipeline run only proves it: it writes nothing before its results).
+    let scratch = match output::Scratch::beside(&dir) {
+        Ok(s) => s,
+        Err(e) => return refused(e),
+    };
+    if let Err(e) = scratch.make_now(&dir) {
+        return refused(e);
+    }
+    let scratch = match x {
+        Experiment::Serving(_) => Some(scratch),
+        Experiment::Pipeline(_) => {
+            drop(scratch);
+            None
+        }
+    };
     if !quiet {
         print!("{}", x.describe());
     }
@@ -93,14 +110,6 @@ pub(crate) fn run(
     };
     let board = Arc::new(Board::default());
     let watched = matches!(x, Experiment::Serving(_));
-    // Serving runs spool each finished simulation's request rows beside the results folder.
-    let scratch = match x {
-        Experiment::Serving(_) => match output::Scratch::beside(&dir) {
-            Ok(s) => Some(s),
-            Err(e) => return refused(e),
-        },
-        Experiment::Pipeline(_) => None,
-    };
     let spool = match (&x, &scratch) {
         (Experiment::Serving(s), Some(sc)) => Some(Spool {
             scratch: sc,
@@ -223,15 +232,19 @@ fn run_share(
     if let Err(e) = output::check_out_dir(&dir) {
         return refused(e);
     }
+    let scratch = match output::Scratch::beside(&dir) {
+        Ok(s) => s,
+        Err(e) => return refused(e),
+    };
+    // Made now: a place where the share cannot be written is refused before the run.
+    if let Err(e) = scratch.make_now(&dir) {
+        return refused(e);
+    }
     if !quiet {
         print!("{}", x.describe());
     }
     let started = Instant::now();
     let threads = threads.unwrap_or_else(default_threads);
-    let scratch = match output::Scratch::beside(&dir) {
-        Ok(s) => s,
-        Err(e) => return refused(e),
-    };
     let spool = Spool {
         scratch: &scratch,
         swept: !s.points.is_empty(),

@@ -216,8 +216,9 @@ pub fn replace_dir_atomically<T>(
 /// A scratch folder beside a results folder, for what a run writes before its results (the
 /// request rows of finished simulations): a temporary name of that folder, so that a crash
 /// leaves it to the cleanup of the next write there ([`clean_stale`]). It is made at the
-/// first [`Scratch::ensure`] (so bad input found before then leaves nothing behind) and
-/// removed when dropped, with the parent folders it had to make if they are still empty.
+/// first [`Scratch::ensure`] ([`Scratch::make_now`] before a run starts, which proves the
+/// results can be written there) and removed when dropped, with the parent folders it had
+/// to make if they are still empty, so bad input found later leaves nothing behind either.
 #[derive(Debug)]
 pub struct Scratch {
     path: PathBuf,
@@ -243,6 +244,22 @@ impl Scratch {
     /// Where the folder is (or will be).
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Makes the folder now, before any work, so that a results folder that cannot be
+    /// written beside (a parent meshsim may not write in, a read-only or pseudo file system)
+    /// is refused at the start instead of after a run of hours. `dir` is the results folder,
+    /// for the message. Dropping the scratch removes what this made.
+    pub fn make_now(&self, dir: &Path) -> Result<(), OutputError> {
+        self.ensure().map(|_| ()).map_err(|e| {
+            refused(
+                dir,
+                format!(
+                    "cannot make a folder beside it ({}): {e}",
+                    self.path.display()
+                ),
+            )
+        })
     }
 
     /// Makes the folder (and its missing parents) if not made yet; returns its path.
