@@ -304,8 +304,10 @@ fn pipeline_and_live_runs_check_their_folder_before_any_work() {
 
 /// A results folder beside which nothing can be made (here in a pseudo file system, which
 /// refuses a new folder even to root, so the test holds as root as well) is refused before
-/// any work: a serving run, a share of one and a pipeline run. Before, a serving run found
-/// out only when its first simulation had finished and its request rows had nowhere to go.
+/// any work: a serving run, a share of one, a pipeline run, a merge, a trace's conversion, a
+/// comparison and a profile. Before, a serving run found out only when its first simulation
+/// had finished and its request rows had nowhere to go, and the others when their work was
+/// done (exit status 1).
 #[test]
 #[cfg(target_os = "linux")]
 fn a_place_where_nothing_can_be_made_is_refused_before_any_work() {
@@ -313,16 +315,48 @@ fn a_place_where_nothing_can_be_made_is_refused_before_any_work() {
     let tmp = tempfile::tempdir().unwrap();
     let scenario = tiny_scenario(tmp.path());
     let pipeline = root.join("scenarios/pipeline_small_2shard.toml");
+    let share = tmp.path().join("share");
+    let o = meshsim(
+        tmp.path(),
+        &["run", s(&scenario), "--out", s(&share), "--points", "1/1"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let csv = tmp.path().join("t.csv");
+    std::fs::write(
+        &csv,
+        "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,5\n",
+    )
+    .unwrap();
+    let live = root.join("results/pipeline_small_2shard_live");
     let out = "/proc/meshsim-results";
+    let profile = [
+        "profile",
+        "--model",
+        "tiny",
+        "--shards",
+        "1",
+        "--prefill",
+        "1",
+        "--decode",
+        "1",
+        "--repeats",
+        "1",
+        "--out",
+        out,
+    ];
     for args in [
         vec!["run", s(&scenario), "--out", out],
         vec!["run", s(&scenario), "--out", out, "--points", "1/1"],
         vec!["run", s(&pipeline), "--out", out],
+        vec!["merge", s(&share), "--out", out],
+        vec!["trace", "convert", s(&csv), "--out", out],
+        vec!["compare", s(&live), s(&live), "--out", out],
+        profile.to_vec(),
     ] {
         let o = meshsim(tmp.path(), &args);
         assert_refused(&o, out, "cannot make a folder beside it");
     }
-    assert_eq!(names(tmp.path()), ["tiny.toml"]);
+    assert_eq!(names(tmp.path()), ["share", "t.csv", "tiny.toml"]);
 }
 
 /// Bad input found once the scratch folder is made (a trace file that is not one) leaves

@@ -55,7 +55,9 @@ fn ready(checked: Result<(), ProfileError>, out: &Path) -> Result<(), ExitCode> 
         eprintln!("error: {e}");
         return Err(ExitCode::from(EXIT_BAD_INPUT));
     }
-    output::check_out_file(out, output::Replaces::Header(output::PROFILE_HEADER)).map_err(refused)
+    output::check_out_file(out, output::Replaces::Header(output::PROFILE_HEADER))
+        .and_then(|()| output::probe_beside(out))
+        .map_err(refused)
 }
 
 /// A measurement's result, or the exit status of its error (2 for bad input).

@@ -324,7 +324,7 @@ pub(crate) fn merge(dirs: &[PathBuf], out: Option<PathBuf>, quiet: bool) -> Exit
             Err(e) => return bad(e),
         },
     };
-    if let Err(e) = output::check_out_dir(&out) {
+    if let Err(e) = output::check_out_dir(&out).and_then(|()| output::probe_beside(&out)) {
         return refused(e);
     }
     match share::merge(dirs, &out) {

@@ -10,7 +10,8 @@ use meshsim::results::output;
 pub(crate) fn compare(sim: &Path, live: &Path, out: Option<&Path>) -> ExitCode {
     let replaces = output::Replaces::Header(output::COMPARISON_HEADER);
     if let Some(path) = out
-        && let Err(e) = output::check_out_file(path, replaces)
+        && let Err(e) =
+            output::check_out_file(path, replaces).and_then(|()| output::probe_beside(path))
     {
         return refused(e);
     }

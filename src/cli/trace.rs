@@ -182,7 +182,7 @@ fn trace_stats(load: &LoadArgs, lru: &[u64], block_size: Option<u32>) -> ExitCod
 
 fn trace_convert(load: &LoadArgs, out: &Path) -> ExitCode {
     let replaces = output::Replaces::Header(output::TRACE_HEADER);
-    if let Err(e) = output::check_out_file(out, replaces) {
+    if let Err(e) = output::check_out_file(out, replaces).and_then(|()| output::probe_beside(out)) {
         return refused(e);
     }
     let l = match load.load() {

@@ -213,6 +213,15 @@ pub fn replace_dir_atomically<T>(
     }
 }
 
+/// Proves, before any work, that an output (a results folder or a file) can be made at
+/// `path`, which passed [`check_out_dir`] or [`check_out_file`]: makes a scratch folder
+/// beside it, with its missing parents, and removes them again. A place where nothing can be
+/// made (a parent meshsim may not write in, a read-only or pseudo file system) is refused
+/// here, not when the work is done.
+pub fn probe_beside(path: &Path) -> Result<(), OutputError> {
+    Scratch::beside(path)?.make_now(path)
+}
+
 /// A scratch folder beside a results folder, for what a run writes before its results (the
 /// request rows of finished simulations): a temporary name of that folder, so that a crash
 /// leaves it to the cleanup of the next write there ([`clean_stale`]). It is made at the
