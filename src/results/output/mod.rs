@@ -47,6 +47,11 @@
 //! and swaps it in the same way as a folder, so a crash leaves the old file or the new one,
 //! and at most one temporary file that the next write of that name removes.
 //!
+//! **Before any work.** A command checks its target ([`check_out_dir`], [`check_out_file`])
+//! and then makes a scratch folder beside it ([`Scratch::make_now`], or [`probe_beside`],
+//! which removes it again), so that a place where nothing can be made (a pseudo or read-only
+//! file system) is refused before the work, not after it.
+//!
 //! A temporary name belongs to a dead process when `kill(PID, 0)` finds no such process; a
 //! PID reused by another process only delays the cleanup. Without `kill` (non-Unix) stale
 //! temporary names are left alone.
