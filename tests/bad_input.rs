@@ -502,3 +502,45 @@ ssd_capacity_gb = 0.002
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(dir.path().join("out/summary.csv").is_file());
 }
+
+/// A device given where meshsim reads a file (`/dev/zero` never ends) is refused at once,
+/// with exit status 2, by every command that reads one: before, each read it whole, growing
+/// memory until the system ran out. A symbolic link to one is a device too.
+#[test]
+fn a_device_given_as_an_input_file_is_refused_before_any_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let text = small_text();
+    let at = text.find("[workload]").expect("a workload section");
+    let scenario = format!(
+        "{}[workload]\nsource = \"mooncake-jsonl\"\npath = \"/dev/zero\"\n",
+        &text[..at]
+    );
+    std::fs::write(d.join("s.toml"), scenario).unwrap();
+    let folder = d.join("folder");
+    std::fs::create_dir(&folder).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", folder.join("summary.csv")).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", folder.join("requests.csv")).unwrap();
+    let commands: [&[&str]; 6] = [
+        &["check", "/dev/zero"],
+        &["run", "/dev/zero", "--out", "out"],
+        &["run", "s.toml", "--out", "out"],
+        &["trace", "stats", "/dev/zero", "--format", "mooncake-jsonl"],
+        &["plot", "folder"],
+        &["compare", "folder", "folder"],
+    ];
+    for args in commands {
+        let out = Command::new(env!("CARGO_BIN_EXE_meshsim"))
+            .args(args)
+            .current_dir(d)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("it is a device, not a file"),
+            "{args:?}: {stderr}"
+        );
+    }
+    assert!(!d.join("out").exists(), "nothing written");
+}

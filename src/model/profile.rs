@@ -435,10 +435,13 @@ impl Profile {
     /// Reads and validates a profile file.
     pub fn load(path: &Path) -> Result<Profile, ProfileError> {
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ProfileError::Unreadable {
-            file: file.clone(),
-            message: e.to_string(),
-        })?;
+        let text =
+            crate::text::read_capped_string(path, crate::text::MAX_CONFIG_BYTES).map_err(|e| {
+                ProfileError::Unreadable {
+                    file: file.clone(),
+                    message: e.to_string(),
+                }
+            })?;
         Profile::parse(&file, &text)
     }
 

@@ -60,10 +60,13 @@ type Key = (String, String, u32);
 /// `meshsim plot` does: no infinite, negative or impossible value gets into a comparison.
 fn load(dir: &Path) -> Result<Vec<(Key, Times)>, CompareError> {
     let path = dir.join("requests.csv");
-    let mut bytes = std::fs::read(&path).map_err(|source| CompareError::Read {
-        path: path.clone(),
-        source,
-    })?;
+    let mut bytes =
+        crate::text::read_capped(&path, crate::text::MAX_DATA_BYTES).map_err(|source| {
+            CompareError::Read {
+                path: path.clone(),
+                source,
+            }
+        })?;
     if bytes.starts_with(crate::text::UTF8_BOM) {
         bytes.drain(..crate::text::UTF8_BOM.len());
     }
@@ -153,7 +156,10 @@ fn load(dir: &Path) -> Result<Vec<(Key, Times)>, CompareError> {
 /// Whether both folders hold the same `scenario.toml`, but for a first line that sets `mode`
 /// (as `meshsim run --live` writes). Missing files count as the same (nothing to compare).
 fn same_scenario(a: &Path, b: &Path) -> bool {
-    let read = |d: &Path| std::fs::read_to_string(d.join("scenario.toml")).ok();
+    let read = |d: &Path| {
+        crate::text::read_capped_string(&d.join("scenario.toml"), crate::text::MAX_CONFIG_BYTES)
+            .ok()
+    };
     let strip = |t: String| match t.split_once('\n') {
         Some((first, rest)) if first.trim_start().starts_with("mode") => rest.to_string(),
         _ => t,

@@ -202,8 +202,8 @@ fn bad(msg: impl Into<String>) -> MergeError {
 }
 
 fn read_csv(path: &Path) -> Result<Csv, MergeError> {
-    let bytes =
-        std::fs::read(path).map_err(|e| bad(format!("{}: cannot read: {e}", path.display())))?;
+    let bytes = crate::text::read_capped(path, crate::text::MAX_DATA_BYTES)
+        .map_err(|e| bad(format!("{}: cannot read: {e}", path.display())))?;
     let mut r = csv::ReaderBuilder::new()
         .has_headers(false)
         .from_reader(bytes.as_slice());
@@ -234,13 +234,16 @@ fn read_csv(path: &Path) -> Result<Csv, MergeError> {
 
 fn read_part(dir: &Path) -> Result<Part, MergeError> {
     let at = |f: &str| dir.join(f);
-    let manifest_text = std::fs::read_to_string(at(MANIFEST)).map_err(|e| {
-        bad(format!(
-            "{}: cannot read {MANIFEST} ({e}); a share's folder is written by `meshsim run \
+    let manifest_text =
+        crate::text::read_capped_string(&at(MANIFEST), crate::text::MAX_CONFIG_BYTES).map_err(
+            |e| {
+                bad(format!(
+                    "{}: cannot read {MANIFEST} ({e}); a share's folder is written by `meshsim run \
              --points K/N`",
-            dir.display()
-        ))
-    })?;
+                    dir.display()
+                ))
+            },
+        )?;
     let manifest: Manifest = toml::from_str(&manifest_text).map_err(|e| {
         bad(format!(
             "{}: {}",
@@ -255,12 +258,13 @@ fn read_part(dir: &Path) -> Result<Part, MergeError> {
             manifest.format
         )));
     }
-    let text = std::fs::read(at("scenario.toml")).map_err(|e| {
-        bad(format!(
-            "{}: cannot read: {e}",
-            at("scenario.toml").display()
-        ))
-    })?;
+    let text = crate::text::read_capped(&at("scenario.toml"), crate::text::MAX_CONFIG_BYTES)
+        .map_err(|e| {
+            bad(format!(
+                "{}: cannot read: {e}",
+                at("scenario.toml").display()
+            ))
+        })?;
     Ok(Part {
         dir: dir.to_path_buf(),
         requests: read_csv(&at("requests.csv"))?,

@@ -72,7 +72,8 @@ pub(crate) fn read_file(
         message,
         line_col: None,
     };
-    let bytes = std::fs::read(path).map_err(|e| whole(format!("cannot read: {e}")))?;
+    let bytes = crate::text::read_capped(path, crate::text::MAX_CONFIG_BYTES)
+        .map_err(|e| whole(format!("cannot read: {e}")))?;
     let text = String::from_utf8(bytes).map_err(|e| {
         whole(format!(
             "not valid UTF-8 (byte {})",

@@ -43,7 +43,7 @@ impl Tokenizer {
         let Some(path) = path else {
             return Ok(Tokenizer::Estimate);
         };
-        let bytes = std::fs::read(path)
+        let bytes = crate::text::read_capped(path, crate::text::MAX_CONFIG_BYTES)
             .map_err(|e| TraceError::whole(path, "tokenizer", format!("cannot read: {e}")))?;
         let t = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
             TraceError::whole(

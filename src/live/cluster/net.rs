@@ -146,7 +146,7 @@ pub struct Net {
 /// Reads a cookie file: its first line, which must not be empty. On Unix the file must not
 /// be readable by others than its owner's group (as ssh demands of keys).
 pub fn read_cookie(path: &std::path::Path) -> Result<String, String> {
-    let text = std::fs::read_to_string(path)
+    let text = crate::text::read_capped_string(path, crate::text::MAX_CONFIG_BYTES)
         .map_err(|e| format!("cookie file {}: {e}", path.display()))?;
     #[cfg(unix)]
     {

@@ -188,7 +188,8 @@ pub fn with_live_mode(text: &str) -> String {
 /// Whether the file at `path` is a pipeline scenario (an unreadable file is not; loading it
 /// then reports why).
 pub fn is_pipeline_file(path: &Path) -> bool {
-    std::fs::read_to_string(path).is_ok_and(|t| is_pipeline(&t))
+    crate::text::read_capped_string(path, crate::text::MAX_CONFIG_BYTES)
+        .is_ok_and(|t| is_pipeline(&t))
 }
 
 /// Whether scenario `text` is a pipeline scenario (it has a top-level `pipeline` table).

@@ -162,7 +162,7 @@ pub fn is_pipeline(scenario: &toml::Value) -> bool {
 
 /// `dir/scenario.toml` parsed, when present and valid TOML.
 pub(crate) fn read_scenario(dir: &Path) -> Option<toml::Value> {
-    std::fs::read_to_string(dir.join("scenario.toml"))
+    crate::text::read_capped_string(&dir.join("scenario.toml"), crate::text::MAX_CONFIG_BYTES)
         .ok()
         .and_then(|t| t.parse::<toml::Table>().ok())
         .map(toml::Value::Table)

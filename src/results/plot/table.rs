@@ -16,10 +16,13 @@ pub(super) struct Table {
 
 impl Table {
     pub(super) fn open(path: &Path) -> Result<Table, PlotError> {
-        let mut bytes = std::fs::read(path).map_err(|source| PlotError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let mut bytes =
+            crate::text::read_capped(path, crate::text::MAX_DATA_BYTES).map_err(|source| {
+                PlotError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            })?;
         if bytes.starts_with(crate::text::UTF8_BOM) {
             bytes.drain(..crate::text::UTF8_BOM.len());
         }

@@ -81,7 +81,16 @@ impl Source {
             "tsv" => Some(Source::WikiqaTsv),
             "csv" => Some(Source::VidurCsv),
             "jsonl" => {
-                let bytes = std::fs::read(path).ok()?;
+                // Its first line only (in its first 64 KiB: a canonical header is short).
+                let mut bytes = Vec::new();
+                std::fs::File::open(path)
+                    .and_then(|f| {
+                        std::io::Read::read_to_end(
+                            &mut std::io::Read::take(f, 64 << 10),
+                            &mut bytes,
+                        )
+                    })
+                    .ok()?;
                 let first = bytes.split(|&b| b == b'\n').next()?;
                 let first = String::from_utf8_lossy(first);
                 Some(if first.contains(canonical::FORMAT_TAG) {
@@ -267,7 +276,7 @@ impl Loaded {
 
 /// The bytes of `path` without a leading UTF-8 byte-order mark; they must not be empty.
 pub(crate) fn read_bytes(path: &Path) -> Result<Vec<u8>, TraceError> {
-    let mut bytes = std::fs::read(path)
+    let mut bytes = crate::text::read_capped(path, crate::text::MAX_DATA_BYTES)
         .map_err(|e| TraceError::whole(path, "file", format!("cannot read: {e}")))?;
     if bytes.starts_with(crate::text::UTF8_BOM) {
         bytes.drain(..crate::text::UTF8_BOM.len());
