@@ -37,8 +37,8 @@ enum Command {
         /// Write results into this folder instead of results/<name>/.
         #[arg(long)]
         out: Option<PathBuf>,
-        /// Threads for running policies in parallel (default: available cores).
-        #[arg(long)]
+        /// Threads for running policies in parallel, 1 to 1024 (default: available cores).
+        #[arg(long, value_parser = thread_count)]
         threads: Option<usize>,
         /// Print only errors.
         #[arg(long, short)]
@@ -141,6 +141,19 @@ enum Command {
 }
 
 /// Logs go to stderr through `tracing`; `RUST_LOG` (env-filter syntax) wins over -v/--quiet.
+/// Most `--threads`: each thread runs a whole simulation, with its memory.
+const MAX_THREADS: usize = 1024;
+
+/// A `--threads` value: 1 to [`MAX_THREADS`] (0 ran one thread without saying so).
+fn thread_count(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=MAX_THREADS).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "expected a number of threads from 1 to {MAX_THREADS}"
+        )),
+    }
+}
+
 fn init_logging(verbose: u8, quiet: bool) {
     let level = match (quiet, verbose) {
         (true, _) => "error",

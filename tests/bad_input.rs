@@ -544,3 +544,22 @@ fn a_device_given_as_an_input_file_is_refused_before_any_read() {
     }
     assert!(!d.join("out").exists(), "nothing written");
 }
+
+/// `--threads` takes 1 to 1,024 threads (each runs a whole simulation): 0 ran one thread
+/// without a word, and a huge count ran as many simulations at once as there were.
+#[test]
+fn a_thread_count_of_zero_or_past_the_bound_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("s.toml"), small_text()).unwrap();
+    for n in ["0", "1025", "two"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_meshsim"))
+            .args(["run", "s.toml", "--out", "out", "--threads", n])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{n}: {stderr}");
+        assert!(stderr.contains("--threads"), "{n}: {stderr}");
+        assert!(!dir.path().join("out").exists(), "{n}: nothing written");
+    }
+}
