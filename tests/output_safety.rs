@@ -302,6 +302,23 @@ fn pipeline_and_live_runs_check_their_folder_before_any_work() {
     assert_eq!(names(&mine), ["a.txt"]);
 }
 
+/// A profile of the tiny model on the smallest grid (a fraction of a second), its `--out`
+/// to be given.
+const TINY_PROFILE: [&str; 12] = [
+    "profile",
+    "--model",
+    "tiny",
+    "--shards",
+    "1",
+    "--prefill",
+    "1",
+    "--decode",
+    "1",
+    "--repeats",
+    "1",
+    "--out",
+];
+
 /// A results folder beside which nothing can be made (here in a pseudo file system, which
 /// refuses a new folder even to root, so the test holds as root as well) is refused before
 /// any work: a serving run, a share of one, a pipeline run, a merge, a trace's conversion, a
@@ -329,21 +346,7 @@ fn a_place_where_nothing_can_be_made_is_refused_before_any_work() {
     .unwrap();
     let live = root.join("results/pipeline_small_2shard_live");
     let out = "/proc/meshsim-results";
-    let profile = [
-        "profile",
-        "--model",
-        "tiny",
-        "--shards",
-        "1",
-        "--prefill",
-        "1",
-        "--decode",
-        "1",
-        "--repeats",
-        "1",
-        "--out",
-        out,
-    ];
+    let profile = [&TINY_PROFILE[..], &[out]].concat();
     for args in [
         vec!["run", s(&scenario), "--out", out],
         vec!["run", s(&scenario), "--out", out, "--points", "1/1"],
@@ -351,7 +354,7 @@ fn a_place_where_nothing_can_be_made_is_refused_before_any_work() {
         vec!["merge", s(&share), "--out", out],
         vec!["trace", "convert", s(&csv), "--out", out],
         vec!["compare", s(&live), s(&live), "--out", out],
-        profile.to_vec(),
+        profile,
     ] {
         let o = meshsim(tmp.path(), &args);
         assert_refused(&o, out, "cannot make a folder beside it");
@@ -393,23 +396,7 @@ fn profile_compare_and_trace_convert_refuse_devices_folders_links_and_foreign_fi
     .unwrap();
     let live = root.join("results/pipeline_small_2shard_live");
     let commands: [(&str, Vec<&str>); 3] = [
-        (
-            "profile",
-            vec![
-                "profile",
-                "--model",
-                "tiny",
-                "--shards",
-                "1",
-                "--prefill",
-                "1",
-                "--decode",
-                "1",
-                "--repeats",
-                "1",
-                "--out",
-            ],
-        ),
+        ("profile", TINY_PROFILE.to_vec()),
         ("compare", vec!["compare", s(&live), s(&live), "--out"]),
         ("trace", vec!["trace", "convert", s(&csv), "--out"]),
     ];
