@@ -140,7 +140,6 @@ enum Command {
     },
 }
 
-/// Logs go to stderr through `tracing`; `RUST_LOG` (env-filter syntax) wins over -v/--quiet.
 /// Most `--threads`: each thread runs a whole simulation, with its memory.
 const MAX_THREADS: usize = 1024;
 
@@ -154,6 +153,7 @@ fn thread_count(s: &str) -> Result<usize, String> {
     }
 }
 
+/// Logs go to stderr through `tracing`; `RUST_LOG` (env-filter syntax) wins over -v/--quiet.
 fn init_logging(verbose: u8, quiet: bool) {
     let level = match (quiet, verbose) {
         (true, _) => "error",

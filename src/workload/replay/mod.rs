@@ -82,14 +82,10 @@ impl Source {
             "csv" => Some(Source::VidurCsv),
             "jsonl" => {
                 // Its first line only (in its first 64 KiB: a canonical header is short).
+                use std::io::Read;
                 let mut bytes = Vec::new();
                 std::fs::File::open(path)
-                    .and_then(|f| {
-                        std::io::Read::read_to_end(
-                            &mut std::io::Read::take(f, 64 << 10),
-                            &mut bytes,
-                        )
-                    })
+                    .and_then(|f| f.take(64 << 10).read_to_end(&mut bytes))
                     .ok()?;
                 let first = bytes.split(|&b| b == b'\n').next()?;
                 let first = String::from_utf8_lossy(first);
