@@ -153,6 +153,9 @@ pub struct SimHost<M> {
     /// The place of each actor, by id (what a message to it crosses the network to; the
     /// actor's own is in its seat too).
     places: Vec<Place>,
+    /// Where each actor's place's own network links lie, by id ([`Network::end_pairs`]), for
+    /// a cache hint ahead of its events.
+    end_pairs: Vec<[u32; 2]>,
     /// The device of each distinct place (actors at one place share its device).
     device_of: HashMap<Place, usize>,
     /// Each device's compute queue and speed, by device.
@@ -477,6 +480,7 @@ impl<M> SimHost<M> {
             seed,
             fetch_overhead: FetchOverhead::default(),
             places: Vec::new(),
+            end_pairs: Vec::new(),
             device_of: HashMap::new(),
             devices: Vec::new(),
             violations: Vec::new(),
@@ -596,6 +600,7 @@ impl<M> SimHost<M> {
         let id = ActorId(self.seats.len() as u32);
         let device = self.device(place);
         self.places.push(place);
+        self.end_pairs.push(self.network.end_pairs(place));
         self.seats.push(Seat {
             hot: actor.hot(),
             actor,
@@ -648,6 +653,9 @@ impl<M> SimHost<M> {
                 && let Some(seat) = self.seats.get(next.0 as usize)
             {
                 seat.prefetch();
+                if let Some(&pairs) = self.end_pairs.get(next.0 as usize) {
+                    self.network.hint_ends(pairs);
+                }
                 // And for the seat of the event after it, so that its own loads (a line of
                 // a few thousand actors' seats, cold at scale) are there one event from now.
                 if let Some(after) = self.kernel.second_target() {

@@ -165,6 +165,14 @@ impl Flows {
         self.active
     }
 
+    /// Asks for link `l`'s line (a cache hint, see [`crate::sim::prefetch`]).
+    #[inline]
+    pub(super) fn hint(&self, l: usize) {
+        if let Some(link) = self.links.get(l) {
+            crate::sim::prefetch::line((&raw const *link).cast());
+        }
+    }
+
     /// When a small message of `bytes` that starts at `now` has crossed `path` at the fair
     /// share it gets there: the bottleneck's `bandwidth / (flows + 1)`.
     pub(super) fn mouse(&self, now: Nanos, path: &[u32], bytes: u64) -> Nanos {

@@ -299,6 +299,32 @@ impl Network {
         path
     }
 
+    /// The first of the two links (out, in) of each direction pair at `place`'s end of a
+    /// transfer to or from another node, for [`Network::hint_ends`]: a GPU's PCIe pair and its
+    /// NIC's pair (Tx, Rx); `u32::MAX` for none (other places, whose links are few and warm).
+    pub fn end_pairs(&self, place: Place) -> [u32; 2] {
+        match place {
+            Place::Gpu { node, gpu } if self.valid(place) => {
+                let pcie = self.pcie_base() + 2 * self.gpu_index(node, gpu);
+                let nic = self.nic_link(place, Place::Frontend, Dir::Tx);
+                [pcie as u32, nic as u32]
+            }
+            _ => [u32::MAX; 2],
+        }
+    }
+
+    /// Asks for the links of the pairs `end_pairs` gave (a cache hint, see
+    /// [`crate::sim::prefetch`]): at 2,240 GPUs a GPU's links are cold when it sends or is
+    /// sent a message, and reading them was most of `Network::start`'s time.
+    #[inline]
+    pub fn hint_ends(&self, pairs: [u32; 2]) {
+        for first in pairs {
+            let first = first as usize;
+            self.flows.hint(first);
+            self.flows.hint(first.wrapping_add(1));
+        }
+    }
+
     /// Moves `bytes` from `from` to `to`, starting at `now`.
     pub fn transfer(&mut self, now: Nanos, from: Place, to: Place, bytes: u64) -> Transfer {
         if !self.valid(from) || !self.valid(to) {
