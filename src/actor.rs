@@ -151,7 +151,14 @@ pub trait Actor<M>: Send {
     /// events (the router) should read their own state here, as a cold actor would wait on
     /// it. It must change nothing: the message may still be preceded by one scheduled in
     /// between, and hosts need not call it at all.
-    fn ahead(&self, _msg: &M) {}
+    ///
+    /// It returns the actor that handling `msg` will likely send a message to, where the
+    /// actor knows (the router, which deals arrivals round robin): the host may then ask for
+    /// what that send reads of its own state (the peer's network links). A wrong or stale
+    /// answer only wastes a hint.
+    fn ahead(&self, _msg: &M) -> Option<ActorId> {
+        None
+    }
 }
 
 /// Where an actor's state outside its own value lies that its next event will read: the

@@ -339,15 +339,23 @@ impl Actor<Msg> for Router {
     /// local-prefix at 2,240 GPUs: 2.5 % of the samples, 0.6 % with this hint): an
     /// assignment is read at the arrival and then seconds of simulated time later, and the
     /// instances' events in between evict it.
-    fn ahead(&self, msg: &Msg) {
+    ///
+    /// An arrival dealt round robin goes to the next instance in turn (or, if that one is
+    /// down, a later one): the router names it, and the host asks for that instance's
+    /// network links, which the request's submission crosses (cold at 2,240 GPUs).
+    fn ahead(&self, msg: &Msg) -> Option<ActorId> {
         let req = match msg {
             Msg::FirstToken(req, _) | Msg::Rejected(req, _) => *req,
             Msg::Finished(c) => c.req,
-            _ => return,
+            Msg::Arrival(_) if self.strategy == RouterStrategy::RoundRobin => {
+                return self.instances.get(self.next_rr).copied();
+            }
+            _ => return None,
         };
         if let Some(a) = self.assigned.get(req.0 as usize) {
             crate::sim::prefetch::line((a as *const u32).cast());
         }
+        None
     }
 
     fn check(&self) -> Result<(), String> {
@@ -584,6 +592,40 @@ mod tests {
         router.report(&mut hinted);
         assert!(hinted.violations.is_empty(), "{:?}", hinted.violations);
         assert_eq!(hinted.records, story(3).records);
+    }
+
+    #[test]
+    fn an_arrival_dealt_round_robin_names_the_instance_it_goes_to() {
+        let instances: Vec<ActorId> = (1..=4).map(ActorId).collect();
+        let mut router = Router::new(
+            trace(9),
+            instances,
+            vec![0, 0, 1, 1],
+            RouterStrategy::RoundRobin,
+        );
+        let mut ctx = Script {
+            now: Nanos::ZERO,
+            sent: Vec::new(),
+            timers: Vec::new(),
+            rng: Stream::new(1, 1),
+        };
+        for r in 0..9 {
+            ctx.now = Nanos(u64::from(r) * 10);
+            let named = router.ahead(&Msg::Arrival(ReqId(r)));
+            router.handle(Msg::Arrival(ReqId(r)), &mut ctx);
+            let submitted: Vec<ActorId> = (ctx.sent.drain(..))
+                .filter_map(|(to, m)| matches!(m, Msg::Submit(_)).then_some(to))
+                .collect();
+            assert_eq!(
+                submitted,
+                [named.expect("round robin knows")],
+                "request {r}"
+            );
+        }
+        // Other messages, and other strategies, name nobody.
+        assert_eq!(router.ahead(&Msg::FirstToken(ReqId(0), 0)), None);
+        router.strategy = RouterStrategy::LeastLoaded;
+        assert_eq!(router.ahead(&Msg::Arrival(ReqId(0))), None);
     }
 
     #[test]

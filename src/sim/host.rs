@@ -719,7 +719,11 @@ impl<M> SimHost<M> {
             if let Some((next, Event::Msg(m))) = self.kernel.peek()
                 && let Some(seat) = self.seats.get(next.0 as usize)
             {
-                seat.actor.ahead(m);
+                if let Some(peer) = seat.actor.ahead(m)
+                    && let Some(&pairs) = self.end_pairs.get(peer.0 as usize)
+                {
+                    self.network.hint_ends(pairs);
+                }
             }
         }
         if self.check_every > 0 {
