@@ -714,16 +714,15 @@ impl<M> SimHost<M> {
             {
                 p.update(self.actor_events, self.kernel.now());
             }
-            // The next event's actor may ask for what its message will read: the pop that
-            // comes first gives the hint a little time to land.
+            // The next event's actor may ask for what its message will read, and name the
+            // peer it will send to (whose network links are then asked for): the pop that
+            // comes first gives the hints a little time to land.
             if let Some((next, Event::Msg(m))) = self.kernel.peek()
                 && let Some(seat) = self.seats.get(next.0 as usize)
+                && let Some(peer) = seat.actor.ahead(m)
+                && let Some(&pairs) = self.end_pairs.get(peer.0 as usize)
             {
-                if let Some(peer) = seat.actor.ahead(m)
-                    && let Some(&pairs) = self.end_pairs.get(peer.0 as usize)
-                {
-                    self.network.hint_ends(pairs);
-                }
+                self.network.hint_ends(pairs);
             }
         }
         if self.check_every > 0 {
