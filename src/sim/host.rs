@@ -653,8 +653,9 @@ impl<M> SimHost<M> {
                 && let Some(seat) = self.seats.get(next.0 as usize)
             {
                 seat.prefetch();
+                // And for the network links at its GPU, which its messages cross.
                 if let Some(&pairs) = self.end_pairs.get(next.0 as usize) {
-                    self.network.hint_ends(pairs);
+                    self.network.end_link_addrs(pairs, prefetch::line);
                 }
                 // And for the seat of the event after it, so that its own loads (a line of
                 // a few thousand actors' seats, cold at scale) are there one event from now.
@@ -722,7 +723,7 @@ impl<M> SimHost<M> {
                 && let Some(peer) = seat.actor.ahead(m)
                 && let Some(&pairs) = self.end_pairs.get(peer.0 as usize)
             {
-                self.network.hint_ends(pairs);
+                self.network.end_link_addrs(pairs, prefetch::line);
             }
         }
         if self.check_every > 0 {

@@ -165,12 +165,11 @@ impl Flows {
         self.active
     }
 
-    /// Asks for link `l`'s line (a cache hint, see [`crate::sim::prefetch`]).
+    /// Where link `l`'s record lies (one cache line), if there is such a link: for a cache
+    /// hint, which the simulator asks for (this layer knows no hints).
     #[inline]
-    pub(super) fn hint(&self, l: usize) {
-        if let Some(link) = self.links.get(l) {
-            crate::sim::prefetch::line((&raw const *link).cast());
-        }
+    pub(super) fn link_addr(&self, l: usize) -> Option<*const u8> {
+        self.links.get(l).map(|link| (&raw const *link).cast())
     }
 
     /// When a small message of `bytes` that starts at `now` has crossed `path` at the fair

@@ -300,7 +300,7 @@ impl Network {
     }
 
     /// The first of the two links (out, in) of each direction pair at `place`'s end of a
-    /// transfer to or from another node, for [`Network::hint_ends`]: a GPU's PCIe pair and its
+    /// transfer to or from another node, for [`Network::end_link_addrs`]: a GPU's PCIe pair and its
     /// NIC's pair (Tx, Rx); `u32::MAX` for none (other places, whose links are few and warm).
     pub fn end_pairs(&self, place: Place) -> [u32; 2] {
         match place {
@@ -313,15 +313,19 @@ impl Network {
         }
     }
 
-    /// Asks for the links of the pairs `end_pairs` gave (a cache hint, see
-    /// [`crate::sim::prefetch`]): at 2,240 GPUs a GPU's links are cold when it sends or is
-    /// sent a message, and reading them was most of `Network::start`'s time.
+    /// Calls `ask` with where each link of the pairs `end_pairs` gave lies, for a cache hint
+    /// (the simulator's host asks the processor for them): at 2,240 GPUs a GPU's links are
+    /// cold when it sends or is sent a message, and reading them was most of
+    /// `Network::start`'s time.
     #[inline]
-    pub fn hint_ends(&self, pairs: [u32; 2]) {
+    pub fn end_link_addrs(&self, pairs: [u32; 2], mut ask: impl FnMut(*const u8)) {
         for first in pairs {
             let first = first as usize;
-            self.flows.hint(first);
-            self.flows.hint(first.wrapping_add(1));
+            for l in [first, first.wrapping_add(1)] {
+                if let Some(at) = self.flows.link_addr(l) {
+                    ask(at);
+                }
+            }
         }
     }
 
