@@ -300,8 +300,9 @@ impl Network {
     }
 
     /// The first of the two links (out, in) of each direction pair at `place`'s end of a
-    /// transfer to or from another node, for [`Network::end_link_addrs`]: a GPU's PCIe pair and its
-    /// NIC's pair (Tx, Rx); `u32::MAX` for none (other places, whose links are few and warm).
+    /// transfer to or from another node, for [`Network::end_link_addrs`]: a GPU's PCIe pair
+    /// and its NIC's pair (Tx, Rx); `u32::MAX` for none (other places, whose links are few
+    /// and warm), which names no link.
     pub fn end_pairs(&self, place: Place) -> [u32; 2] {
         match place {
             Place::Gpu { node, gpu } if self.valid(place) => {
