@@ -19,11 +19,15 @@
 //! where simulations run, and about a fifth slower with a million, not yet explained). A
 //! sift down asks for the next level's four lines while it compares a level, so that the
 //! cold levels' misses overlap the comparisons (the bench, one build against the other: 1,000
-//! pending 23.1 -> 21.9 M events/s, 100,000 11.2 -> 13.6, 1,000,000 3.9 -> 4.9). The
-//! message is read once, when its event is popped. The slot's
-//! target lives apart from the messages, in an array of 4 bytes a slot, so that the host can
-//! learn the next event's actor (to ask for its memory early) without a cache miss on a cold
-//! message. Freed slots are reused last-freed first, so the slots in use stay few and warm.
+//! pending 23.1 -> 21.9 M events/s, 100,000 11.2 -> 13.6, 1,000,000 3.9 -> 4.9). Tried and
+//! left out (the twenty-eighth session, see the README): a radix heap (its keys moved down
+//! many buckets in their lives: 1,000 pending 21.8 -> 13-15 M events/s), and leaving the
+//! popped root empty for the next schedule to fill (1.4 % fewer instructions in `sim_scale`'s
+//! local-prefix round, no faster: an iteration's next end, the usual first schedule, sinks
+//! nearly as deep as the last key did). The message is read once, when its event is popped.
+//! The slot's target lives apart from the messages, in an array of 4 bytes a slot, so that the
+//! host can learn the next event's actor (to ask for its memory early) without a cache miss on
+//! a cold message. Freed slots are reused last-freed first, so the slots in use stay few and warm.
 //!
 //! Limits (DESIGN contract 6): a run ends with a typed [`SimError`] naming the seed when it
 //! processes more than `max_events` events, when an event lies beyond `max_time`, or when more
@@ -517,6 +521,12 @@ mod tests {
                 assert_eq!(k.pending(), reference.len());
                 let next = reference.peek().map(|Reverse(e)| ActorId(e.2));
                 assert_eq!(k.next_target(), next, "seed {seed}, step {step}");
+                assert_eq!(k.peek().map(|(t, _)| t), next, "seed {seed}, step {step}");
+                // The hint for the event after next names the second earliest exactly.
+                let first = reference.pop();
+                let second = reference.peek().map(|Reverse(e)| ActorId(e.2));
+                reference.extend(first);
+                assert_eq!(k.second_target(), second, "seed {seed}, step {step}");
             }
             while let Some(Reverse(want)) = reference.pop() {
                 let e = k.pop().unwrap().expect("as many events as the reference");
