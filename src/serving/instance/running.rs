@@ -236,14 +236,16 @@ impl Running {
 
     /// Asks for what the end of this iteration and the scheduling of the next visit (a cache
     /// hint, see [`crate::sim::prefetch`]): each sequence that is active or due by the next
-    /// tick (at most [`VISIT_HINTS`]), both of its lines (its counters and blocks; its pieces
-    /// and the pointer to its cold part), and for those that are steady, their `since` word,
-    /// which making them active reads. At 2,240 GPUs the batch is cold when its instance's
-    /// event comes, and these were misses taken one after another as each was visited.
+    /// tick (at most [`VISIT_HINTS`]), its first line (its counters, block count and the
+    /// pointer to its cold part: what a decoding sequence's visit reads; its second line, its
+    /// blocks' pieces, is for registration and release), and for those that are steady,
+    /// their `since` word, which making them active reads. At 2,240 GPUs the batch is cold
+    /// when its instance's event comes, and these were misses taken one after another as
+    /// each was visited.
     pub fn hint_visits(&self) {
         self.visits_ahead(|i, steady| {
             let seq: *const Option<Seq> = self.slots.as_ptr().wrapping_add(self.slot(i));
-            crate::sim::prefetch::bytes(seq.cast(), std::mem::size_of::<Option<Seq>>());
+            crate::sim::prefetch::line(seq.cast());
             if steady {
                 crate::sim::prefetch::line((&raw const self.since[i]).cast());
             }

@@ -625,8 +625,10 @@ fn a_failed_load_already_abandoned_after_a_notice_is_ignored() {
 fn what_an_iteration_reads_of_a_sequence_fits_its_first_cache_line() {
     use std::mem::{align_of, offset_of, size_of};
     assert_eq!(align_of::<Seq>(), 64);
-    assert!(offset_of!(Seq, blocks) + size_of::<Vec<crate::serving::block_pool::BlockId>>() <= 64);
+    // The block count (the blocks' first word) and the cold part's pointer too.
+    assert!(offset_of!(Seq, blocks) + size_of::<u32>() <= 64);
     assert!(offset_of!(Seq, load) < 64 && offset_of!(Seq, done) < 64);
+    assert!(offset_of!(Seq, cold) < 64);
     // What only admission, loads and the end read is boxed: a sequence moves as two lines.
     assert_eq!(size_of::<Seq>(), 128);
     // The batch's slots hold `Option<Seq>`: the box gives `None` a place, no room.
