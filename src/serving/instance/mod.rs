@@ -142,19 +142,19 @@ fn put_visit(visit: Vec<u32>) {
 }
 
 /// A request in the instance. `repr(C)` and 64-byte aligned, with what every iteration reads
-/// and writes of every running sequence (its counters, its load, the pointer to its cold
-/// part and its block count) in the first 64 bytes: an iteration over a batch of hundreds
-/// touches one cache line per sequence (at cluster scale the instance is cold when its event
-/// comes), and a decoding sequence's visit (a new block, or a token) reads no other unless
-/// its pool keeps block ids; its blocks' pieces, in the second line, are read by admission,
-/// registration and release. With
-/// the cold part's pointer in the second line, each visit asked for both (`sim_scale` at
-/// 2,240 GPUs, three-round pairs, this against it: local-prefix 1.016 (six), vanilla 1.009,
-/// evostore 1.011 (four each); local-prefix at 32 GPUs 1.013 (three)). The rest is boxed ([`Cold`]),
-/// so that a sequence is two lines: a sequence moves whenever it changes queues (and, before
-/// the batch kept its sequences in slots, see [`running`], whenever one before it in the batch
-/// finished), and moving a whole record (seven lines) read and wrote lines no iteration needs
-/// (`perf`: a twentieth of vanilla's time at 2,240 GPUs was those copies).
+/// and writes of every running sequence (its counters, its load, the pointer to its cold part
+/// and its block count) in the first 64 bytes: an iteration over a batch of hundreds touches
+/// one cache line per sequence (at cluster scale the instance is cold when its event comes),
+/// and a decoding sequence's visit (a new block, or a token) reads no other unless its pool
+/// keeps block ids; its blocks' pieces, in the second line, are read by admission, registration
+/// and release. With the cold part's pointer in the second line, each visit asked for both
+/// (`sim_scale` at 2,240 GPUs, three-round pairs, this against it: local-prefix 1.016 (six),
+/// vanilla 1.009, evostore 1.011 (four each); local-prefix at 32 GPUs 1.013 (three)). The rest
+/// is boxed ([`Cold`]), so that a sequence is two lines: a sequence moves whenever it changes
+/// queues (and, before the batch kept its sequences in slots, see [`running`], whenever one
+/// before it in the batch finished), and moving a whole record (seven lines) read and wrote
+/// lines no iteration needs (`perf`: a twentieth of vanilla's time at 2,240 GPUs was those
+/// copies).
 #[derive(Debug)]
 #[repr(C, align(64))]
 struct Seq {
