@@ -94,6 +94,13 @@ impl BlockIndex {
         ((u64::from(t) * self.slots.len() as u64) >> 32) as usize
     }
 
+    /// Asks for the line of `key`'s home slot, where its lookup starts (a cache hint, see
+    /// [`crate::sim::prefetch`]).
+    pub fn hint(&self, key: u64) {
+        let home = self.slots.as_ptr().wrapping_add(self.home(tag(key)));
+        crate::sim::prefetch::line(home.cast());
+    }
+
     fn next(&self, i: usize) -> usize {
         if i + 1 == self.slots.len() { 0 } else { i + 1 }
     }

@@ -444,6 +444,16 @@ impl BlockPool {
         }
     }
 
+    /// Asks for what a lookup of a chain that starts with hash `first` reads first: the
+    /// index slot of a segment starting with it (a cache hint, see [`crate::sim::prefetch`]).
+    /// Whether a segment starts at a chain's first position is not asked first: that list
+    /// is a line of its own, and the hint would wait on it.
+    pub fn hint_lookup(&self, first: u64) {
+        if self.caching {
+            self.index.hint(first);
+        }
+    }
+
     /// Free blocks (including free blocks that still hold a registered prefix).
     pub fn free_blocks(&self) -> u32 {
         self.free

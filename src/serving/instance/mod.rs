@@ -185,20 +185,32 @@ struct Seq {
 }
 
 /// The parts of a request in the instance that no iteration reads (see [`Seq::cold`]).
+///
+/// `repr(C)`, what an iteration reads first: the prompt's hashes (which a caching policy
+/// reads as the prompt's blocks fill), then what the request's record takes when it finishes,
+/// in the first [`Cold::READ`] bytes; the store policies' plans and a live run's tokens after
+/// them. The iteration that visits a sequence asks for exactly those bytes, two lines or
+/// three. In the compiler's order it asked for the record's first line and for the line where
+/// the hashes began, and the part of them that registration reads lay in the next line half
+/// the time (a record is 16-byte aligned): `perf` put 11-12 % of the iteration's samples at
+/// 2,240 GPUs on that read. Not aligned to a line: an aligned record is allocated apart from
+/// glibc's usual chunks, and the allocator's misses grew by more than the record's fell
+/// (`cachegrind`: 1.2 M more in `sim_scale`'s local-prefix round at 2,240 GPUs). This order,
+/// the kept records in place ([`Spare`]) and the lookup's hint ([`Instance::hint_lookup`])
+/// were timed together: see the README's "Twenty-ninth session".
 #[derive(Debug, Default)]
+#[repr(C)]
 struct Cold {
     /// Hashes of the prompt's full blocks (empty unless the policy looks in GPU memory or
     /// uses the store), sharing the memo's arrays: read at admission and as the prompt's
     /// blocks fill.
     hashes: ChainHashes,
+    admitted_at: Option<Nanos>,
     /// Reused prompt tokens by tier, fixed at the first admission.
     reused: [u32; Tier::ALL.len()],
+    preemptions: u32,
     /// Bytes loaded from each tier.
     loaded_bytes: [u64; Tier::ALL.len()],
-    preemptions: u32,
-    admitted_at: Option<Nanos>,
-    /// Tensor ids of the prompt's full chunks (store policies).
-    chain: Vec<u64>,
     /// Leading chunks the store held at the lookup.
     stored_chunks: u32,
     /// Tokens loaded from the store: `[load_start, load_end)`.
@@ -206,6 +218,8 @@ struct Cold {
     load_end: u32,
     /// Planned tokens per tier of the load.
     planned: [u32; Tier::ALL.len()],
+    /// Tensor ids of the prompt's full chunks (store policies).
+    chain: Vec<u64>,
     /// Remote tensors to copy into the local replica cache once loaded.
     replicate: Vec<u64>,
     /// Real backends only: the tokens it generated, the token its running iteration sampled
@@ -213,6 +227,11 @@ struct Cold {
     out: Vec<u32>,
     pending: Option<Sampled>,
     first_logits: Option<Vec<f32>>,
+}
+
+impl Cold {
+    /// The leading bytes an iteration reads: the hashes and a finished request's record.
+    const READ: usize = std::mem::offset_of!(Cold, loaded_bytes) + 8 * Tier::ALL.len();
 }
 
 /// A store load: planned at the lookup reply, started at admission (see the module doc).
@@ -285,6 +304,9 @@ pub struct Instance {
     busy_since: Option<Nanos>,
     /// Where the iteration in flight stands (meaningful while `busy_since` is set).
     phase: Phase,
+    /// The first hash of the waiting request that admission looks up next, where it was at
+    /// hand (see [`Instance::hint_lookup`]).
+    lookup_hint: Option<u64>,
     policy: Arc<dyn Policy>,
     /// Prices (or runs) each iteration.
     backend: Box<dyn BatchBackend>,
@@ -338,9 +360,14 @@ const MAX_SPARE: usize = 4;
 #[derive(Debug, Default)]
 struct Spare {
     blocks: Vec<Blocks>,
-    /// Boxed as the sequences hold them: a kept record goes back to a sequence as it is.
-    #[allow(clippy::vec_box)]
-    colds: Vec<Box<Cold>>,
+    /// Kept records, `colds[..n_colds]`, boxed as the sequences hold them: a kept record goes
+    /// back to a sequence as it is. In place, not in a list of their own: [`Spare::hint`]
+    /// reads the pointer of the one it asks for, and in a list's buffer that read was a cache
+    /// miss of its own at every submission at 2,240 GPUs (`perf`: 1 % of `sim_scale`'s
+    /// local-prefix samples on the instruction after it), where the instance's own lines are
+    /// asked for before its event.
+    colds: [Option<Box<Cold>>; MAX_SPARE],
+    n_colds: usize,
 }
 
 impl Spare {
@@ -350,10 +377,11 @@ impl Spare {
         if !real && self.blocks.len() < MAX_SPARE && seq.blocks.is_empty() {
             self.blocks.push(std::mem::take(&mut seq.blocks));
         }
-        if self.colds.len() < MAX_SPARE {
+        if self.n_colds < MAX_SPARE {
             // Its hashes go now, as they did with the request (the arrays are shared).
             seq.cold.hashes = ChainHashes::default();
-            self.colds.push(seq.cold);
+            self.colds[self.n_colds] = Some(seq.cold);
+            self.n_colds += 1;
         }
     }
 
@@ -364,14 +392,17 @@ impl Spare {
         if let Some(b) = self.blocks.last() {
             crate::sim::prefetch::bytes((&raw const *b).cast(), std::mem::size_of::<Blocks>());
         }
-        if let Some(c) = self.colds.last() {
+        if let Some(Some(c)) = self.n_colds.checked_sub(1).map(|i| &self.colds[i]) {
             crate::sim::prefetch::bytes((&raw const **c).cast(), std::mem::size_of::<Cold>());
         }
     }
 
     /// A cold record as new (`Cold::default()`), reusing a kept one's lists.
     fn cold(&mut self) -> Box<Cold> {
-        let Some(mut c) = self.colds.pop() else {
+        let Some(mut c) = self.n_colds.checked_sub(1).and_then(|i| {
+            self.n_colds = i;
+            self.colds[i].take()
+        }) else {
             return Box::default();
         };
         let (mut chain, mut replicate, mut out) = (
@@ -418,6 +449,7 @@ impl Instance {
             lockstep: !backend.real(),
             parked: Vec::new(),
             busy_since: None,
+            lookup_hint: None,
             phase: Phase::Compute,
             stats: InstanceStats::default(),
             look_in_gpu,
@@ -536,6 +568,9 @@ impl Instance {
     }
 
     fn enqueue(&mut self, seq: Seq, ctx: &mut dyn Context<Msg>) {
+        if self.waiting.is_empty() {
+            self.lookup_hint = self.first_hash(&seq);
+        }
         self.waiting.push_back(seq);
         if self.busy_since.is_none() {
             self.step(ctx);
@@ -560,7 +595,26 @@ impl Instance {
         seq.cold.load_end = 0;
         seq.cold.preemptions += 1;
         self.stats.preemptions += 1;
+        self.lookup_hint = self.first_hash(&seq);
         self.waiting.push_front(seq);
+    }
+
+    /// The first hash of `seq`'s prompt, if admission looks it up in the pool.
+    fn first_hash(&self, seq: &Seq) -> Option<u64> {
+        let hashes = &seq.cold.hashes;
+        (self.look_in_gpu && !hashes.is_empty()).then(|| hashes.get(0))
+    }
+
+    /// Asks for the pool's index slot that the next admission's lookup reads first (a cache
+    /// hint, see [`crate::sim::prefetch`]): the waiting request at the head of the queue
+    /// is looked up at the end of the iteration, after its sequences are visited, and at
+    /// 2,240 GPUs that slot was the most waited-for load of `sim_scale`'s local-prefix round
+    /// (`perf`: 3.5-4.5 % of its samples on the instruction after it; a quarter to a half
+    /// fewer with this hint).
+    fn hint_lookup(&self) {
+        if let Some(h) = self.lookup_hint {
+            self.pool.hint_lookup(h);
+        }
     }
 
     /// Plans and starts the next iteration, if there is anything to compute.
@@ -754,9 +808,12 @@ impl Instance {
             };
             let need = self.blocks_for(cached + n) - hits;
             if need > self.pool.free_blocks() - hits_free {
+                self.lookup_hint = self.first_hash(seq);
                 break;
             }
             let mut seq = self.waiting.pop_front().expect("front exists");
+            // The next one's hashes are not at hand (they are read if it is looked up now).
+            self.lookup_hint = None;
             if self.real && seq.blocks.capacity() == 0 {
                 // Once, for the most blocks it can hold (a preemption keeps the capacity): no
                 // growth of the list as decoding fills blocks.
@@ -830,15 +887,16 @@ impl Instance {
         // The others are visited, in admission order; finished ones are marked and leave
         // `running` at the end (keeping the admission order of the others).
         self.running.hint_visits();
+        self.hint_lookup();
         let mut visit = take_visit();
         self.running.due_now(&mut visit);
         for (k, &i) in visit.iter().enumerate() {
             // The cold part of the sequence two visits on (its prompt's hashes as its blocks
-            // fill, its record as it finishes): its pointer is in a line already asked for.
+            // fill, its record as it finishes: the bytes `Cold::READ` counts): its pointer is
+            // in a line already asked for.
             if let Some(&j) = visit.get(k + 2) {
                 let cold: &Cold = &self.running[j as usize].cold;
-                crate::sim::prefetch::line((&raw const *cold).cast());
-                crate::sim::prefetch::line((&raw const cold.hashes).cast());
+                crate::sim::prefetch::bytes((&raw const *cold).cast(), Cold::READ);
             }
             let seq = &mut self.running[i as usize];
             if seq.scheduled == 0 {
@@ -1089,6 +1147,26 @@ mod tests;
 mod layout {
     use super::Instance;
     use std::mem::offset_of;
+
+    /// An iteration asks for the first [`super::Cold::READ`] bytes of a visited sequence's
+    /// cold part: its hashes, and what a finished request's record takes.
+    #[test]
+    fn an_iteration_reads_of_a_cold_record_only_the_bytes_it_asks_for() {
+        use super::Cold;
+        use std::mem::size_of_val;
+        let c = Cold::default();
+        for (at, bytes) in [
+            (offset_of!(Cold, hashes), size_of_val(&c.hashes)),
+            (offset_of!(Cold, admitted_at), size_of_val(&c.admitted_at)),
+            (offset_of!(Cold, reused), size_of_val(&c.reused)),
+            (offset_of!(Cold, preemptions), size_of_val(&c.preemptions)),
+            (offset_of!(Cold, loaded_bytes), size_of_val(&c.loaded_bytes)),
+        ] {
+            assert!(at + bytes <= Cold::READ, "a field at byte {at}");
+        }
+        // Two lines' worth, or three where the record starts late in a line.
+        const { assert!(Cold::READ <= 2 * crate::sim::prefetch::LINE) };
+    }
 
     #[test]
     fn what_every_event_reads_is_in_the_bytes_the_host_asks_for() {

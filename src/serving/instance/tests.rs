@@ -686,9 +686,9 @@ fn finished_requests_leave_at_most_max_spare_buffers_and_the_next_request_reuses
     assert_eq!(s.done.len(), 6);
     assert_eq!(i.spare.blocks.len(), MAX_SPARE);
     assert!(i.spare.blocks.iter().all(|b| b.is_empty()));
-    assert_eq!(i.spare.colds.len(), MAX_SPARE);
+    assert_eq!(i.spare.n_colds, MAX_SPARE);
     assert!(
-        i.spare.colds.iter().all(|c| c.hashes.is_empty()),
+        (i.spare.colds.iter()).all(|c| c.as_ref().is_some_and(|c| c.hashes.is_empty())),
         "a kept record lets go of its request's hashes"
     );
     i.handle(Msg::Submit(ReqId(6)), &mut s);
@@ -697,7 +697,8 @@ fn finished_requests_leave_at_most_max_spare_buffers_and_the_next_request_reuses
         MAX_SPARE - 1,
         "a spare block list is reused, not a new one"
     );
-    assert_eq!(i.spare.colds.len(), MAX_SPARE - 1, "and a spare record");
+    assert_eq!(i.spare.n_colds, MAX_SPARE - 1, "and a spare record");
+    assert!(i.spare.colds[MAX_SPARE - 1].is_none(), "the one taken");
     let seq = &i.running[0];
     let mut want = Vec::new();
     t.block_hashes(ReqId(6), 16, &mut want);
@@ -709,7 +710,8 @@ fn finished_requests_leave_at_most_max_spare_buffers_and_the_next_request_reuses
     drain(&mut i, &mut s);
     assert_eq!(s.done.len(), 7);
     assert_eq!(i.spare.blocks.len(), MAX_SPARE);
-    assert_eq!(i.spare.colds.len(), MAX_SPARE);
+    assert_eq!(i.spare.n_colds, MAX_SPARE);
+    assert!(i.spare.colds.iter().all(Option::is_some));
     i.pool.check().unwrap();
 }
 
@@ -795,4 +797,33 @@ fn steady_decoders_schedule_and_finish_as_visiting_every_sequence_does() {
         assert!(a.violations.is_empty() && b.violations.is_empty());
     }
     assert!(checked > 10_000, "{checked} steps checked");
+}
+
+/// The lookup's hint names the first hash of the request that admission looks up next, where
+/// it is at hand: a request that finds the queue empty and the instance busy.
+#[test]
+fn the_lookup_hint_names_the_first_hash_of_the_next_admission() {
+    let t = trace(&[64, 64, 64], 2);
+    let first = |r: u32| {
+        let mut h = Vec::new();
+        t.block_hashes(ReqId(r), 16, &mut h);
+        h[0]
+    };
+    let mut s = script();
+    let mut i = instance(t.clone(), Arc::new(LocalPrefix), 100, 64, &s);
+    i.handle(Msg::Submit(ReqId(0)), &mut s);
+    assert!(i.busy_since.is_some());
+    assert_eq!(i.lookup_hint, None, "admitted at once: nobody waits");
+    i.handle(Msg::Submit(ReqId(1)), &mut s);
+    i.handle(Msg::Submit(ReqId(2)), &mut s);
+    assert_eq!(i.lookup_hint, Some(first(1)), "the head of the queue");
+    drain(&mut i, &mut s);
+    assert_eq!(s.done.len(), 3);
+    assert_eq!(i.lookup_hint, None, "nobody waits");
+    // Without a policy that looks in GPU memory, nothing is looked up.
+    let mut v = instance(t.clone(), Arc::new(Vanilla), 100, 64, &s);
+    v.handle(Msg::Submit(ReqId(0)), &mut s);
+    v.handle(Msg::Submit(ReqId(1)), &mut s);
+    assert_eq!(v.waiting.len(), 1);
+    assert_eq!(v.lookup_hint, None);
 }
