@@ -231,7 +231,8 @@ struct Cold {
 
 impl Cold {
     /// The leading bytes an iteration reads: the hashes and a finished request's record.
-    const READ: usize = std::mem::offset_of!(Cold, loaded_bytes) + 8 * Tier::ALL.len();
+    const READ: usize =
+        std::mem::offset_of!(Cold, loaded_bytes) + std::mem::size_of::<[u64; Tier::ALL.len()]>();
 }
 
 /// A store load: planned at the lookup reply, started at admission (see the module doc).
