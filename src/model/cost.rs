@@ -85,11 +85,51 @@ impl BatchShape {
 #[derive(Clone, Debug)]
 pub struct CostModel {
     model: ModelConfig,
-    gpu: GpuSpec,
     /// The link of the tensor-parallel all-reduce (none on one GPU).
     nvlink: Option<LinkSpec>,
     tp: u64,
     overhead: Nanos,
+    terms: Terms,
+}
+
+/// The factors of the roofline that depend only on the model, the GPU and `tp` (see the
+/// module doc), computed once: an iteration is priced millions of times in a run at cluster
+/// scale, and these were a third of its instructions. Each is the left part of the
+/// per-iteration product or quotient it stands for (`2.0 * p * n` is `(2.0 * p) * n`), so an
+/// iteration's price has the same bits as when they were computed every time.
+#[derive(Clone, Copy, Debug)]
+struct Terms {
+    /// `2 P`: FLOPs a new token.
+    token_flops: f64,
+    /// `2 P_head`: FLOPs a sampled token.
+    sample_flops: f64,
+    /// `4 L H d`: FLOPs an attention pair.
+    pair_flops: f64,
+    /// `b (P + P_head)`: bytes of weights read once an iteration.
+    weight_bytes: f64,
+    /// KV bytes a token.
+    kv: u64,
+    /// `tp x peak x eff_compute`, FLOP/s.
+    compute_rate: f64,
+    /// `tp x bw x eff_memory`, bytes/s.
+    memory_rate: f64,
+}
+
+impl Terms {
+    fn new(m: &ModelConfig, gpu: &GpuSpec, tp: u64) -> Terms {
+        let p = (m.layers * m.params_per_layer()) as f64;
+        let weights = (m.layers * m.params_per_layer() + m.lm_head_params()) * m.bytes_per_element;
+        let tp = tp as f64;
+        Terms {
+            token_flops: 2.0 * p,
+            sample_flops: 2.0 * m.lm_head_params() as f64,
+            pair_flops: 4.0 * (m.layers * m.heads * m.head_dim) as f64,
+            weight_bytes: weights as f64,
+            kv: m.kv_bytes_per_token(),
+            compute_rate: tp * gpu.peak_flops * gpu.compute_efficiency,
+            memory_rate: tp * gpu.memory_bandwidth * gpu.memory_efficiency,
+        }
+    }
 }
 
 impl CostModel {
@@ -101,8 +141,8 @@ impl CostModel {
         overhead: Nanos,
     ) -> CostModel {
         CostModel {
+            terms: Terms::new(&model, &gpu, tp as u64),
             model,
-            gpu,
             nvlink: Some(nvlink),
             tp: tp as u64,
             overhead,
@@ -112,8 +152,8 @@ impl CostModel {
     /// `model` on one GPU: no tensor parallelism, so no all-reduce link.
     pub fn single_gpu(model: ModelConfig, gpu: GpuSpec, overhead: Nanos) -> CostModel {
         CostModel {
+            terms: Terms::new(&model, &gpu, 1),
             model,
-            gpu,
             nvlink: None,
             tp: 1,
             overhead,
@@ -121,18 +161,15 @@ impl CostModel {
     }
 
     pub fn flops(&self, b: &BatchShape) -> f64 {
-        let m = &self.model;
-        let p = (m.layers * m.params_per_layer()) as f64;
-        2.0 * p * b.new_tokens as f64
-            + 2.0 * m.lm_head_params() as f64 * b.sampling_seqs as f64
-            + 4.0 * (m.layers * m.heads * m.head_dim) as f64 * b.attention_pairs as f64
+        let t = &self.terms;
+        t.token_flops * b.new_tokens as f64
+            + t.sample_flops * b.sampling_seqs as f64
+            + t.pair_flops * b.attention_pairs as f64
     }
 
     pub fn bytes(&self, b: &BatchShape) -> f64 {
-        let m = &self.model;
-        let weights = (m.layers * m.params_per_layer() + m.lm_head_params()) * m.bytes_per_element;
-        let kv = m.kv_bytes_per_token();
-        weights as f64 + (kv * b.kv_read_tokens) as f64 + (kv * b.new_tokens) as f64
+        let t = &self.terms;
+        t.weight_bytes + (t.kv * b.kv_read_tokens) as f64 + (t.kv * b.new_tokens) as f64
     }
 
     fn allreduce(&self, b: &BatchShape) -> Nanos {
@@ -152,9 +189,8 @@ impl CostModel {
         if b.is_empty() {
             return Nanos::ZERO;
         }
-        let tp = self.tp as f64;
-        let compute = self.flops(b) / (tp * self.gpu.peak_flops * self.gpu.compute_efficiency);
-        let memory = self.bytes(b) / (tp * self.gpu.memory_bandwidth * self.gpu.memory_efficiency);
+        let compute = self.flops(b) / self.terms.compute_rate;
+        let memory = self.bytes(b) / self.terms.memory_rate;
         Nanos::from_secs_f64(compute.max(memory)) + self.allreduce(b) + self.overhead
     }
 }
@@ -169,6 +205,58 @@ mod tests {
 
     fn nvlink() -> LinkSpec {
         LinkSpec::ideal(300e9, Nanos(1_000))
+    }
+
+    /// The roofline as the module doc writes it, every factor computed for the iteration.
+    fn in_full(m: &ModelConfig, gpu: &GpuSpec, tp: u64, b: &BatchShape) -> (f64, f64, [f64; 2]) {
+        let p = (m.layers * m.params_per_layer()) as f64;
+        let flops = 2.0 * p * b.new_tokens as f64
+            + 2.0 * m.lm_head_params() as f64 * b.sampling_seqs as f64
+            + 4.0 * (m.layers * m.heads * m.head_dim) as f64 * b.attention_pairs as f64;
+        let weights = (m.layers * m.params_per_layer() + m.lm_head_params()) * m.bytes_per_element;
+        let kv = m.kv_bytes_per_token();
+        let bytes = weights as f64 + (kv * b.kv_read_tokens) as f64 + (kv * b.new_tokens) as f64;
+        let tp = tp as f64;
+        let compute = flops / (tp * gpu.peak_flops * gpu.compute_efficiency);
+        let memory = bytes / (tp * gpu.memory_bandwidth * gpu.memory_efficiency);
+        (flops, bytes, [compute, memory])
+    }
+
+    #[test]
+    fn precomputed_factors_price_every_shape_to_the_same_bits_as_the_formula() {
+        let mut rng = crate::rng::Stream::new(7, 0);
+        for preset in crate::model::catalogue::PRESETS {
+            let m = &preset.model;
+            for (tp, eff) in [(1, 0.5), (2, 0.7), (3, 0.61), (6, 0.33), (8, 1.0)] {
+                // Peaks whose products round (an A100's 312e12 and 1.555e12 multiply exactly).
+                let mut gpu = GpuSpec::a100_40gb(eff, eff * 0.9);
+                gpu.peak_flops *= 1.0 + eff / 7.0;
+                gpu.memory_bandwidth *= 1.0 + eff / 11.0;
+                let cost = CostModel::new(m.clone(), gpu.clone(), nvlink(), tp, Nanos(5_000));
+                for _ in 0..2_000 {
+                    let mut b = BatchShape::default();
+                    for _ in 0..=rng.below(8) {
+                        let long = rng.below(2) == 0;
+                        let n = 1 + rng.below(if long { 9_000 } else { 4 });
+                        b.add(n, rng.below(40_000), rng.below(4) > 0);
+                    }
+                    b.add_decoding(rng.below(300), rng.below(3_000_000));
+                    let (flops, bytes, [compute, memory]) = in_full(m, &gpu, tp as u64, &b);
+                    assert_eq!(cost.flops(&b).to_bits(), flops.to_bits(), "{b:?}");
+                    assert_eq!(cost.bytes(&b).to_bits(), bytes.to_bits(), "{b:?}");
+                    let t = &cost.terms;
+                    assert_eq!((flops / t.compute_rate).to_bits(), compute.to_bits());
+                    assert_eq!((bytes / t.memory_rate).to_bits(), memory.to_bits());
+                    assert_eq!(
+                        cost.iteration(&b),
+                        Nanos::from_secs_f64(compute.max(memory))
+                            + cost.allreduce(&b)
+                            + Nanos(5_000),
+                        "{b:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
