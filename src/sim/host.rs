@@ -216,7 +216,7 @@ impl<M> Seat<M> {
 /// +4 % (evostore), +8 % (local-prefix), +2 % (ptstore); 384 bytes below 512 by 4 %
 /// (evostore) and 10 % (local-prefix); 256 bytes no better than every line; none at all 12 %
 /// slower (local-prefix). Those pairs timed first rounds only; retried in three-round pairs
-/// (the twenty-first session in the README): 768 bytes 1.011 (local-prefix) and 1.023
+/// (the twenty-first session in `docs/performance.md`): 768 bytes 1.011 (local-prefix) and 1.023
 /// (evostore) of 512, 384 bytes 0.939 and 0.988. Since an instance keeps what every event
 /// reads in its first 440 bytes (see [`crate::serving::instance::Instance`]), local-prefix,
 /// six three-round pairs against 512: 704 bytes (the whole pool too) 0.987, 448 bytes 1.006.

@@ -5,34 +5,32 @@
 //! order they were scheduled, on every machine and every run. The kernel is generic over the
 //! message type and knows nothing about actors beyond their index.
 //!
-//! **The queue.** A pending event is a 16-byte key in a 4-ary min-heap (its time, and its
-//! sequence number with the index of the slot that holds its target and message), and the
-//! message waits in a slot of its own. Sifting moves and compares only keys: at cluster scale
-//! a few thousand events are pending, their keys fit in the processor's first-level cache,
-//! and a pop walks half as many levels as in a binary heap. The heap is laid out so that the
-//! four children of a node are one 64-byte line (the root sits last in the first line, see
-//! [`Heap`]): a level of a sift reads one line, where an unaligned layout straddles two three
-//! times in four (at 2,240 GPUs the heap's levels below the first few are out of the first
-//! level cache, and its misses were the largest share of the run's). Past the last key, the
-//! lines hold the largest key, so the earliest of four children is taken without bounds
-//! (`cargo bench --bench kernel`: faster with a thousand to a hundred thousand events pending,
-//! where simulations run, and about a fifth slower with a million, not yet explained). A
-//! sift down asks for the next level's four lines while it compares a level, so that the
-//! cold levels' misses overlap the comparisons (the bench, one build against the other: 1,000
-//! pending 23.1 -> 21.9 M events/s, 100,000 11.2 -> 13.6, 1,000,000 3.9 -> 4.9). Tried and
-//! left out (see the README): a radix heap (its keys moved down many buckets in their lives:
-//! 1,000 pending 21.8 -> 13-15 M events/s), and leaving the popped root empty for the next
-//! schedule to fill (1.4 % fewer instructions in `sim_scale`'s local-prefix round, no faster:
-//! a filling key still sank far, 211 instructions a sift against the last key's 367, and two
-//! events in five schedule nothing), in the twenty-eighth session; in the twenty-ninth, a
-//! front slot beside the heap for an event earlier than every pending one (a third of the
-//! schedules at 2,240 GPUs), popped without a sift: 3.2 % fewer instructions in that round,
-//! no faster there, and slower in four alternating runs at 32 GPUs (a branch on the slot in
-//! every pop, schedule and hint). The message is read once, when its event is popped. The
-//! slot's target lives apart from the messages, in an array of 4 bytes a slot, so that the
-//! host can learn the next event's actor (to ask for its memory early) without a cache miss
-//! on a cold message. Freed slots are reused last-freed first, so the slots in use stay few
-//! and warm.
+//! **The queue.** A pending event is a 16-byte key in a 4-ary min-heap (its time, and its sequence
+//! number with the index of the slot that holds its target and message), and the message waits in a
+//! slot of its own. Sifting moves and compares only keys: at cluster scale a few thousand events
+//! are pending, their keys fit in the processor's first-level cache, and a pop walks half as many
+//! levels as in a binary heap. The heap is laid out so that the four children of a node are one
+//! 64-byte line (the root sits last in the first line, see [`Heap`]): a level of a sift reads one
+//! line, where an unaligned layout straddles two three times in four (at 2,240 GPUs the heap's
+//! levels below the first few are out of the first level cache, and its misses were the largest
+//! share of the run's). Past the last key, the lines hold the largest key, so the earliest of four
+//! children is taken without bounds (`cargo bench --bench kernel`: faster with a thousand to a
+//! hundred thousand events pending, where simulations run, and about a fifth slower with a million,
+//! not yet explained). A sift down asks for the next level's four lines while it compares a level,
+//! so that the cold levels' misses overlap the comparisons (the bench, one build against the other:
+//! 1,000 pending 23.1 -> 21.9 M events/s, 100,000 11.2 -> 13.6, 1,000,000 3.9 -> 4.9). Tried and
+//! left out (see `docs/performance.md`): a radix heap (its keys moved down many buckets in their
+//! lives: 1,000 pending 21.8 -> 13-15 M events/s), and leaving the popped root empty for the next
+//! schedule to fill (1.4 % fewer instructions in `sim_scale`'s local-prefix round, no faster: a
+//! filling key still sank far, 211 instructions a sift against the last key's 367, and two events
+//! in five schedule nothing), in the twenty-eighth session; in the twenty-ninth, a front slot
+//! beside the heap for an event earlier than every pending one (a third of the schedules at 2,240
+//! GPUs), popped without a sift: 3.2 % fewer instructions in that round, no faster there, and
+//! slower in four alternating runs at 32 GPUs (a branch on the slot in every pop, schedule and
+//! hint). The message is read once, when its event is popped. The slot's target lives apart from
+//! the messages, in an array of 4 bytes a slot, so that the host can learn the next event's actor
+//! (to ask for its memory early) without a cache miss on a cold message. Freed slots are reused
+//! last-freed first, so the slots in use stay few and warm.
 //!
 //! Limits (DESIGN contract 6): a run ends with a typed [`SimError`] naming the seed when it
 //! processes more than `max_events` events, when an event lies beyond `max_time`, or when more

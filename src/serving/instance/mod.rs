@@ -197,7 +197,7 @@ struct Seq {
 /// glibc's usual chunks, and the allocator's misses grew by more than the record's fell
 /// (`cachegrind`: 1.2 M more in `sim_scale`'s local-prefix round at 2,240 GPUs). This order,
 /// the kept records in place ([`Spare`]) and the lookup's hint ([`Instance::hint_lookup`])
-/// were timed together: see the README's "Twenty-ninth session".
+/// were timed together: see "Twenty-ninth session" in `docs/performance.md`.
 #[derive(Debug, Default)]
 #[repr(C)]
 struct Cold {

@@ -6,7 +6,7 @@
 //! every iteration to add one to two counters (scheduling it, then applying its result) was
 //! 14 % of local-prefix's instructions at 2,240 GPUs, though little of its time (cheap
 //! instructions over lines already in cache), and more of both where batches decode long
-//! outputs (see the README, "Sixteenth session"). So a sequence that only decodes
+//! outputs (see `docs/performance.md`, "Sixteenth session"). So a sequence that only decodes
 //! becomes *steady*: its counters stay as they were when it became steady (at tick `since`),
 //! and its true counts are those plus the ticks since then; the scheduler visits it again at
 //! the tick it is `due` (a block to allocate, or its last token), and the batch keeps the sum
