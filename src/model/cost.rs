@@ -94,7 +94,7 @@ pub struct CostModel {
 
 /// The factors of the roofline that depend only on the model, the GPU and `tp` (see the
 /// module doc), computed once: an iteration is priced millions of times in a run at cluster
-/// scale, and these were a third of its instructions. Each is the left part of the
+/// scale, and these were close to half of its instructions. Each is the left part of the
 /// per-iteration product or quotient it stands for (`2.0 * p * n` is `(2.0 * p) * n`), so an
 /// iteration's price has the same bits as when they were computed every time.
 #[derive(Clone, Copy, Debug)]
