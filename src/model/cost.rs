@@ -117,11 +117,11 @@ struct Terms {
 
 impl Terms {
     fn new(m: &ModelConfig, gpu: &GpuSpec, tp: u64) -> Terms {
-        let p = (m.layers * m.params_per_layer()) as f64;
-        let weights = (m.layers * m.params_per_layer() + m.lm_head_params()) * m.bytes_per_element;
+        let blocks = m.layers * m.params_per_layer();
+        let weights = (blocks + m.lm_head_params()) * m.bytes_per_element;
         let tp = tp as f64;
         Terms {
-            token_flops: 2.0 * p,
+            token_flops: 2.0 * blocks as f64,
             sample_flops: 2.0 * m.lm_head_params() as f64,
             pair_flops: 4.0 * (m.layers * m.heads * m.head_dim) as f64,
             weight_bytes: weights as f64,
