@@ -15,9 +15,6 @@
 //! slots after it that would otherwise be cut off from their home (no tombstones). Nothing
 //! reads the map in slot or record order except [`IdMap::iter`], whose order the callers do
 //! not depend on (checks sort what they collect).
-//!
-//! [`IdCounts`] is the same table for counters, with the count in the slot beside its id (a
-//! node's remote reads of each tensor, which every remote tensor of a ptstore lookup bumps).
 
 use crate::sim::prefetch;
 
@@ -222,126 +219,6 @@ fn close_gap<S: Copy>(
     }
 }
 
-/// Counts by id (a node's remote reads of each tensor): the count lives in the slot beside
-/// its id (a count is at least 1; 0 marks an empty slot), so an id's count is one line, asked
-/// for ahead with [`IdCounts::prefetch`].
-/// The table is at most three quarters full (a `HashMap` of the same pairs is at most seven
-/// eighths full, with a control byte an entry), so that a probe that misses stays short and
-/// the counts take not much more than a `HashMap` of them took (ptstore at 560 nodes and
-/// 600,000 requests: a peak of 0.97 GiB against 0.91 GiB; at most half full, 1.04 GiB).
-#[derive(Clone, Debug)]
-pub struct IdCounts {
-    slots: Vec<CountSlot>,
-    /// `64 - log2(slots)`: an id's home is its top bits.
-    shift: u32,
-    len: usize,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct CountSlot {
-    id: u64,
-    /// 0 for an empty slot.
-    count: u32,
-}
-
-const NO_COUNT: CountSlot = CountSlot { id: 0, count: 0 };
-
-impl Default for IdCounts {
-    fn default() -> Self {
-        IdCounts {
-            slots: vec![NO_COUNT; MIN_SLOTS],
-            shift: 64 - MIN_SLOTS.trailing_zeros(),
-            len: 0,
-        }
-    }
-}
-
-impl IdCounts {
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The slot of `id`, or the empty slot where its probe ends (bounded: at most three
-    /// quarters full).
-    fn find(&self, id: u64) -> (usize, bool) {
-        let mask = self.slots.len() - 1;
-        let mut i = (id >> self.shift) as usize;
-        loop {
-            let s = self.slots[i];
-            if s.count == 0 {
-                return (i, false);
-            }
-            if s.id == id {
-                return (i, true);
-            }
-            i = (i + 1) & mask;
-        }
-    }
-
-    /// The count of `id` (0 if it has none).
-    pub fn get(&self, id: u64) -> u32 {
-        match self.find(id) {
-            (i, true) => self.slots[i].count,
-            _ => 0,
-        }
-    }
-
-    /// Adds one to the count of `id`; returns the new count. Panics past `u32::MAX`.
-    pub fn bump(&mut self, id: u64) -> u32 {
-        if let (i, true) = self.find(id) {
-            let c = &mut self.slots[i].count;
-            *c = c.checked_add(1).expect("a count below 2^32");
-            return *c;
-        }
-        if 4 * (self.len + 1) > 3 * self.slots.len() {
-            let n = 2 * self.slots.len();
-            let old = std::mem::replace(&mut self.slots, vec![NO_COUNT; n]);
-            self.shift -= 1;
-            for s in old.into_iter().filter(|s| s.count != 0) {
-                let (i, _) = self.find(s.id);
-                self.slots[i] = s;
-            }
-        }
-        let (i, _) = self.find(id);
-        self.slots[i] = CountSlot { id, count: 1 };
-        self.len += 1;
-        1
-    }
-
-    /// Removes `id`'s count; returns it (0 if it had none).
-    pub fn remove(&mut self, id: u64) -> u32 {
-        let (i, found) = self.find(id);
-        if !found {
-            return 0;
-        }
-        let count = self.slots[i].count;
-        let shift = self.shift;
-        let left = close_gap(&mut self.slots, i, |s| {
-            (s.count != 0).then(|| (s.id >> shift) as usize)
-        });
-        self.slots[left] = NO_COUNT;
-        self.len -= 1;
-        count
-    }
-
-    /// Removes every count (the table keeps its size).
-    pub fn clear(&mut self) {
-        self.slots.fill(NO_COUNT);
-        self.len = 0;
-    }
-
-    /// Asks the processor for the line of `id`'s home slot (a cache hint: nothing changes).
-    #[inline]
-    pub fn prefetch(&self, id: u64) {
-        let home = (id >> self.shift) as usize;
-        prefetch::bytes(self.slots.as_ptr().wrapping_add(home).cast(), 1);
-    }
-}
-
 impl<V> std::ops::Index<&u64> for IdMap<V> {
     type Output = V;
     /// The record of `id`. Panics if there is none.
@@ -405,61 +282,24 @@ mod tests {
         }
     }
 
-    #[test]
-    fn counts_agree_with_a_hash_map_under_random_bumps_and_removals() {
-        let mut rng = Stream::new(11, 0);
-        let mut m = IdCounts::default();
-        let mut r: HashMap<u64, u32> = HashMap::new();
-        let pool = id_pool();
-        for step in 0..20_000u32 {
-            let id = pool[rng.below(pool.len() as u64) as usize];
-            match rng.below(4) {
-                0 | 1 => {
-                    let c = r.entry(id).or_insert(0);
-                    *c += 1;
-                    assert_eq!(m.bump(id), *c);
-                }
-                2 => assert_eq!(m.remove(id), r.remove(&id).unwrap_or(0)),
-                _ => assert_eq!(m.get(id), r.get(&id).copied().unwrap_or(0)),
-            }
-            assert_eq!(m.len(), r.len());
-            if step % 997 == 0 {
-                for &k in &pool {
-                    m.prefetch(k);
-                    assert_eq!(m.get(k), r.get(&k).copied().unwrap_or(0), "id {k:#x}");
-                }
-            }
-            if step == 15_000 {
-                m.clear();
-                r.clear();
-                assert!(m.is_empty() && pool.iter().all(|&k| m.get(k) == 0));
-            }
-        }
-    }
-
     /// Ids whose homes are all the last slot, so that their run wraps past the table's end
-    /// at every size: every id and count is still found after each doubling places them again.
+    /// at every size: every id is still found after each doubling places them again.
     #[test]
     fn tables_that_grow_with_a_run_wrapped_past_their_end_keep_every_id() {
         let mut m: IdMap<u64> = IdMap::default();
-        let mut c = IdCounts::default();
         for k in 0..2_000u64 {
             let id = u64::MAX - k;
             assert_eq!(m.insert(id, k), None);
-            assert_eq!(c.bump(id), 1);
             // A second, well-spread id, so that runs elsewhere grow too.
             let other = k.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
             m.insert(other, k);
-            c.bump(other);
             if k % 97 == 0 || k < 40 {
                 for j in 0..=k {
                     assert_eq!(m.get(&(u64::MAX - j)), Some(&j), "id {j} after {k}");
-                    assert_eq!(c.get(u64::MAX - j), 1, "count {j} after {k}");
                 }
             }
         }
         assert_eq!(m.len(), 4_000);
-        assert_eq!(c.len(), 4_000);
     }
 
     #[test]

@@ -50,6 +50,7 @@ pub mod eviction;
 pub mod id_map;
 pub mod memory;
 pub mod metadata;
+pub mod read_counts;
 pub mod server;
 
 use eviction::Eviction;

@@ -36,7 +36,9 @@ impl Directory {
     /// - replicas: every replica is of a stored tensor owned by another node, recorded on both
     ///   sides;
     /// - queues: each queue holds exactly the entries of its tier (host, SSD, replicas);
-    /// - leases: a tensor's parent is leased at least as long as it is.
+    /// - leases: a tensor's parent is leased at least as long as it is;
+    /// - read counts: with replication, every tensor has a row of its own and every other row
+    ///   is free and zero; without, no tensor has one.
     pub fn check(&self) -> Result<(), String> {
         let p = &self.params;
         let b = p.tensor_bytes;
@@ -109,6 +111,16 @@ impl Directory {
                 reps[n as usize] += b;
                 if n == t.owner || !self.servers[n as usize].replicas.contains_key(&id) {
                     return Err(format!("replica of {id:#x} on node {n} is not recorded"));
+                }
+            }
+        }
+        match &self.reads {
+            Some(reads) => reads.check(self.tensors.iter().map(|(_, t)| t.reads))?,
+            None => {
+                if let Some((id, _)) = self.tensors.iter().find(|(_, t)| t.reads != NO_ROW) {
+                    return Err(format!(
+                        "tensor {id:#x} has read counts without replication"
+                    ));
                 }
             }
         }

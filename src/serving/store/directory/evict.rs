@@ -217,8 +217,8 @@ impl Directory {
             for &node in &t.replicas {
                 self.unlink_replica(node, id, t.parent);
             }
-            for s in &mut self.servers {
-                s.remote_reads.remove(id);
+            if let Some(reads) = &mut self.reads {
+                reads.release(t.reads);
             }
             if self.region_tail.get(&t.region) == Some(&id) {
                 self.region_tail.remove(&t.region);
@@ -295,8 +295,9 @@ impl Directory {
             if let Some(p) = parent_replica {
                 self.refresh_replica(node, p);
             }
-            let s = &mut self.servers[node as usize];
-            s.remote_reads.remove(id);
+            if let Some(reads) = &mut self.reads {
+                reads.reset(self.tensors[&id].reads, node);
+            }
             self.stats.replicated += 1;
             self.change(Change::Replicated { node, id });
             self.record(StoreEvent::Replicated { node, index });
@@ -337,7 +338,9 @@ impl Directory {
         // Losses are not eviction decisions: count them apart.
         self.stats.dropped = dropped_before;
         self.stats.lost += lost;
-        self.servers[node as usize].remote_reads.clear();
+        if let Some(reads) = &mut self.reads {
+            reads.clear_node(node);
+        }
         lost
     }
 }

@@ -75,7 +75,8 @@
 use std::collections::HashMap;
 
 use super::eviction::{Access, Eviction, EvictionQueue};
-use super::id_map::{IdCounts, IdMap};
+use super::id_map::IdMap;
+use super::read_counts::{NO_ROW, ReadCounts};
 use crate::hash::IdBuildHasher;
 use crate::metrics::{StoreStats, Tier};
 
@@ -166,6 +167,8 @@ struct Tensor {
     host_kids: u32,
     ssd_kids: u32,
     loc: Location,
+    /// Its row of remote-read counts ([`ReadCounts`]), or [`NO_ROW`] without replication.
+    reads: u32,
     parent: Option<TensorId>,
     children: Vec<TensorId>,
 }
@@ -173,6 +176,7 @@ struct Tensor {
 // Two lines a tensor, what a lookup reads in the first.
 const _: () = assert!(std::mem::size_of::<Tensor>() == 128);
 const _: () = assert!(std::mem::offset_of!(Tensor, loc) < 64);
+const _: () = assert!(std::mem::offset_of!(Tensor, reads) + 4 <= 64);
 
 impl Tensor {
     /// The count of children owned by the same node and in tier `loc`.
@@ -211,9 +215,6 @@ struct Server {
     replica_q: EvictionQueue,
     /// Replicas held.
     replicas: HashMap<TensorId, Replica, IdBuildHasher>,
-    /// Remote reads of each tensor by this node (ptstore): probed by every remote tensor a
-    /// lookup plans, so asked for ahead as the tensors are (see `Directory::lookup`).
-    remote_reads: IdCounts,
 }
 
 /// One part of a load: the tensors that come from one node's tier.
@@ -290,6 +291,8 @@ struct Served {
     loc: Location,
     region: u64,
     replica: bool,
+    /// The tensor's row of remote-read counts.
+    reads: u32,
 }
 
 /// The store's bookkeeping.
@@ -298,6 +301,8 @@ pub struct Directory {
     params: StoreParams,
     tensors: IdMap<Tensor>,
     servers: Vec<Server>,
+    /// Each node's remote reads of each tensor, when the store replicates (PTStore).
+    reads: Option<ReadCounts>,
     region_tail: HashMap<u64, TensorId, IdBuildHasher>,
     next_region: u64,
     tick: u64,
@@ -334,13 +339,16 @@ impl Directory {
                 ssd_q: EvictionQueue::new(params.eviction),
                 replica_q: EvictionQueue::new(params.eviction),
                 replicas: HashMap::default(),
-                remote_reads: IdCounts::default(),
             })
             .collect();
+        let reads = params
+            .replicate_after_reads
+            .map(|after| ReadCounts::new(params.nodes, after));
         Directory {
             params,
             tensors: IdMap::default(),
             servers,
+            reads,
             region_tail: HashMap::default(),
             next_region: 0,
             tick: 0,
@@ -491,12 +499,14 @@ impl Directory {
                         loc: Location::Host,
                         region: r.region,
                         replica: true,
+                        reads: t.reads,
                     },
                     None => Served {
                         node: t.owner,
                         loc: t.loc,
                         region: t.region,
                         replica: false,
+                        reads: t.reads,
                     },
                 });
             }
@@ -563,16 +573,14 @@ impl Directory {
             }
         }
         // The reader's counts of remote reads, one for each remote tensor planned: their
-        // slots asked for all together first, so that the bumps' misses overlap (at 2,240
-        // GPUs the counts are a table of tens of KiB on each of 560 nodes, and each bump in
-        // the loop above waited for its own line).
-        if let Some(after) = self.params.replicate_after_reads {
-            let counts = &mut self.servers[reader as usize].remote_reads;
-            for &id in &remote {
-                counts.prefetch(id);
+        // words asked for all together first, so that the bumps' misses overlap.
+        if let (Some(after), Some(reads)) = (self.params.replicate_after_reads, &mut self.reads) {
+            let remote_rows = || served.iter().filter(|s| s.node != reader).map(|s| s.reads);
+            for row in remote_rows() {
+                reads.prefetch(row, reader);
             }
-            for &id in &remote {
-                replicate_now |= counts.bump(id) >= after;
+            for row in remote_rows() {
+                replicate_now |= reads.bump(row, reader) >= after;
             }
         }
         // One access to the copy that serves each planned tensor (see "Access counts" in the
@@ -680,6 +688,7 @@ impl Directory {
                     ssd_kids: 0,
                     replicas: Vec::new(),
                     lease_until: 0,
+                    reads: self.reads.as_mut().map_or(NO_ROW, ReadCounts::alloc),
                 },
             );
             let tick = self.next_tick();
