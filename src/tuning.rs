@@ -10,6 +10,15 @@
 //! and `polaris_full` 8 % faster in wall time (26.3 -> 24.1 s), with the same peak memory and
 //! byte-identical results.
 //!
+//! **Where they do not pay.** On a virtual machine whose host backs the guest's memory only
+//! when it is touched, a fresh huge page is faulted in by the host as well as zeroed by the
+//! guest: on the development machine touching 1 GiB took 2.6-4.6 s in huge pages the first
+//! time against 0.4 s in small pages, and a run touches most of its memory once (the trace,
+//! the actors). There, at some hours, `polaris_full` gained nothing (ptstore alone, on / off
+//! alternating: 21.8 / 19.1 s against 18.7 / 19.0 s of simulation), while a bench's later
+//! rounds, which reuse their memory, still gained 12-17 %. `MESHSIM_HUGE_PAGES=off` turns
+//! them off (see `docs/performance.md`, thirty-second session).
+//!
 //! **How.** Most Linux systems ship THP in `madvise` mode: a program gets huge pages only for
 //! memory it marks. glibc marks its heaps itself when the tunable `glibc.malloc.hugetlb=1` is
 //! set (glibc 2.35 and later; older ones ignore it), but tunables are read once, when the
