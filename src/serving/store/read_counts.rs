@@ -23,7 +23,7 @@
 //! capacity in tensors); freed rows are reused before the array grows. A row takes `nodes x
 //! bits / 8` bytes whatever the reads: 144 bytes at 560 nodes and the default threshold, 16
 //! KiB at the scenario's limit of 65,536 nodes. Where few nodes read each tensor of a very
-//! large cluster, per-node tables of the pairs actually read (what this replaced, about 28
+//! large cluster, per-node tables of the pairs actually read (what this replaced, about 26
 //! bytes a pair) would take less; at `polaris_full`'s 53 readers a tensor the rows take a
 //! tenth of that.
 
