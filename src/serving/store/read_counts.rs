@@ -117,7 +117,7 @@ impl ReadCounts {
         let (w, s) = self.place(row, node);
         let mask = self.mask();
         let c = ((self.words[w] >> s) & mask) as u32;
-        let new = (c + 1).min(self.cap);
+        let new = c.saturating_add(1).min(self.cap);
         self.words[w] = (self.words[w] & !(mask << s)) | (u64::from(new) << s);
         new
     }
