@@ -17,7 +17,7 @@
 //! 300,000 requests (a 43 s trace, about 134 requests per GPU). A GPU's pool holds about
 //! 11,600 blocks and a SQuAD prompt takes 258, so every pool fills about three times over:
 //! the bench times the steady state, with evictions, as `polaris_full` has it (with 100,000
-//! requests pools barely fill once, and the 2,240-GPU rate looked better than a full run's).
+//! requests pools barely fill once, and the 2,240-GPU rate overstates a full run's).
 //!
 //! **The same events on 32 GPUs.** The two scenarios load every GPU alike, but their events
 //! are not alike: round-robin sends a context's questions to 32 GPUs on the small cluster and
@@ -41,20 +41,19 @@
 //! **Timed.** The simulation of the policy ([`simulate`]: building the actors, running every
 //! event, collecting the report), not the trace's generation. The bench prints, per run, the
 //! median events/s over the rounds (events handled by actors, as `meshsim run` counts them),
-//! and two ratios: the small scenario's rate to the full one's (the issue's measure, which
+//! and two ratios: the small scenario's rate to the full one's (the headline measure, which
 //! includes what an event does), and the same events' (how the cost of an event grows with
 //! the cluster).
 //!
 //! **Memory.** The bench tunes the allocator as `meshsim run` does
-//! ([`meshsim::tuning::tune_allocator`]: glibc's heap parameters, and transparent huge pages
-//! where the kernel offers them), and says whether huge pages are on in its first line;
-//! `MESHSIM_HUGE_PAGES=off` times it with small pages.
+//! ([`meshsim::cpu::alloc::tune_allocator`]: glibc's heap parameters).
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use meshsim::Scenario;
-use meshsim::serving::run::{simulate, trace};
+use meshsim::serving::build::trace;
+use meshsim::serving::sim::simulate;
 use meshsim::workload::Trace;
 
 const SCENARIO: &str = include_str!("../scenarios/polaris_32gpu.toml");
@@ -65,8 +64,8 @@ struct Size {
     nodes: u32,
     requests: u32,
     rate_per_s: f64,
-    /// Rounds per round asked for: a round of the small cluster takes a twentieth of a
-    /// second to a quarter, and its rate moves by tens of percent from one to the next.
+    /// Rounds per round asked for: a round of the small cluster is short (a twentieth of a
+    /// second to a quarter on a shared 2-core VM, 2026-12), and its rate is noisy.
     rounds_per_round: usize,
 }
 
@@ -158,8 +157,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    // As `meshsim run` has it (it may start the bench again: first).
-    let huge_pages = meshsim::tuning::tune_allocator();
+    // As `meshsim run` has it: first, before any thread starts.
+    meshsim::cpu::alloc::tune_allocator();
     // `cargo test --benches` passes `--bench`-less arguments; run a short round then.
     let quick = !std::env::args().any(|a| a == "--bench");
     let policy = std::env::var("SIM_POLICY").unwrap_or_else(|_| "local-prefix".into());
@@ -198,7 +197,7 @@ fn main() {
         full.nodes = n;
         full.label = format!("{} GPUs", thousands(4 * u64::from(n)));
     }
-    println!("simulation per event, policy {policy} (medians; huge pages {huge_pages})");
+    println!("simulation per event, policy {policy} (medians)");
     let small = scenario(&sizes[0], &policy);
     let full = scenario(&sizes[1], &policy);
     let full_trace = trace(&full).expect("a generated trace");
@@ -230,9 +229,9 @@ fn main() {
         "SIM_ONLY is 1, 2 or 3"
     );
     // The runs' rounds interleaved: each pass runs every run's share of rounds in turn, so
-    // that this machine's drift (tens of percent within minutes) moves every run's rates
-    // alike and not their ratios (with the runs one after the other, the issue's measure
-    // moved from 1.7x to 2.3x between two runs of one build).
+    // that the host's drift in speed (tens of percent within minutes on a shared 2-core VM,
+    // 2026-12) moves every run's rates alike and not their ratios, which with the runs one
+    // after the other differ widely between two runs of one build.
     let runs: Vec<_> = (runs.into_iter().enumerate())
         .filter(|(k, _)| only.is_none_or(|o| o == k + 1))
         .map(|(_, r)| r)
@@ -280,7 +279,7 @@ fn main() {
     }
     let full_label = &sizes[1].label;
     println!(
-        "  32 GPUs as committed / {full_label}: {:.2}x (the issue's measure; the same events for \
+        "  32 GPUs as committed / {full_label}: {:.2}x (the headline measure; the same events for \
          the store policies, whose shared store serves alike at both sizes)",
         medians[0] / medians[1]
     );

@@ -139,32 +139,19 @@ pub trait Actor<M>: Send {
     /// copy them (the router's records of every request are hundreds of MiB at full scale).
     fn report(&mut self, report: &mut Report);
 
-    /// Memory outside its own value that this actor expects to read at its next event (a
-    /// cache hint, see [`Hot`]). Asked after each event, while the actor is in cache.
+    /// Memory outside its own value that this actor expects to read at its next event: the
+    /// one performance hint of the contract ([`Hot`]). The sim host asks for it after each
+    /// event, while the actor is in cache, and asks the processor for those lines just before
+    /// the actor's next event; other hosts ignore it. It never changes a result.
     fn hot(&self) -> Hot {
         Hot::default()
-    }
-
-    /// Asks the processor for what handling `msg`, this actor's next message, will read (a
-    /// cache hint, see `sim::prefetch`). The sim host calls it between an event and the
-    /// next, on the next event's actor; only actors that stay in cache between their
-    /// events (the router) should read their own state here, as a cold actor would wait on
-    /// it. It must change nothing: the message may still be preceded by one scheduled in
-    /// between, and hosts need not call it at all.
-    ///
-    /// It returns the actor that handling `msg` will likely send a message to, where the
-    /// actor knows (the router, which deals arrivals round robin): the host may then ask for
-    /// what that send reads of its own state (the peer's network links). A wrong or stale
-    /// answer only wastes a hint.
-    fn ahead(&self, _msg: &M) -> Option<ActorId> {
-        None
     }
 }
 
 /// Where an actor's state outside its own value lies that its next event will read: the
 /// first line of each of `count` elements, `stride` bytes apart from the address `base`, and
 /// up to two more values at `values`, of `value_bytes` bytes. Only a hint for the simulator,
-/// which asks the processor for these lines while the event before runs (`sim::prefetch`):
+/// which asks the processor for these lines while the event before runs (`cpu::prefetch`):
 /// the addresses are never dereferenced, so a hint that went stale is harmless and changes no
 /// result. Its 32 bytes share a cache line with the rest of what the simulator reads of an
 /// actor at every event, so the counts are held to 16 bits (the simulator asks for at most

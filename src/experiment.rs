@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use crate::live::LiveError;
 use crate::metrics::Summary;
-use crate::pipeline::run::{self as pipeline_run, PipelineRun};
+use crate::pipeline::outcome::PipelineRun;
 use crate::pipeline::scenario::{Arrivals, CostSource, PipelineScenario, mode_name};
 use crate::results::{RunError, Written};
 use crate::scenario::ScenarioError;
-use crate::serving::run::{self as serving_run, PolicyRun};
+use crate::serving::outcome::PolicyRun;
 use crate::serving::scenario::Scenario;
 use crate::units::GIB;
 use crate::workload::WorkloadSpec;
@@ -43,12 +43,16 @@ impl Runs {
 }
 
 impl Experiment {
-    /// Reads and validates a scenario file of either kind.
+    /// Reads a scenario file of either kind once, and validates it as the kind its text
+    /// says (a top-level `[pipeline]` table makes it a pipeline scenario).
     pub fn load(path: &Path) -> Result<Experiment, ScenarioError> {
-        if crate::pipeline::scenario::is_pipeline_file(path) {
-            PipelineScenario::load(path).map(|s| Experiment::Pipeline(Box::new(s)))
+        let (file, text, stem) = crate::scenario::read_file(path, "scenario")?;
+        if crate::pipeline::scenario::is_pipeline(&text) {
+            let dir = path.parent().unwrap_or(Path::new(""));
+            PipelineScenario::parse(&file, &stem, dir, &text)
+                .map(|s| Experiment::Pipeline(Box::new(s)))
         } else {
-            Scenario::load(path).map(|s| Experiment::Serving(Box::new(s)))
+            Scenario::parse(&file, &stem, &text).map(|s| Experiment::Serving(Box::new(s)))
         }
     }
 
@@ -166,7 +170,7 @@ impl Experiment {
     /// Simulations (policies or modes at every sweep point) to run.
     pub fn simulations(&self) -> usize {
         match self {
-            Experiment::Serving(s) => serving_run::jobs(s),
+            Experiment::Serving(s) => crate::serving::sim::jobs(s),
             Experiment::Pipeline(s) => s.modes.len() * s.points.len().max(1),
         }
     }
@@ -175,7 +179,7 @@ impl Experiment {
     /// threads (results do not depend on the count), live runs one after another on a tokio
     /// runtime of their own.
     pub fn run(&self, threads: usize) -> Result<Runs, RunError> {
-        self.run_watched(threads, &serving_run::RunOptions::default())
+        self.run_watched(threads, &crate::serving::sim::RunOptions::default())
     }
 
     /// [`Experiment::run`] with options for serving runs (progress board, spool of request
@@ -183,7 +187,7 @@ impl Experiment {
     pub fn run_watched(
         &self,
         threads: usize,
-        opts: &serving_run::RunOptions,
+        opts: &crate::serving::sim::RunOptions,
     ) -> Result<Runs, RunError> {
         match self {
             Experiment::Serving(s) if s.live => {
@@ -196,7 +200,7 @@ impl Experiment {
                 ))
             }
             Experiment::Serving(s) => Ok(Runs::Serving(
-                serving_run::simulate_share(s, threads, opts)?
+                crate::serving::sim::simulate_share(s, threads, opts)?
                     .into_iter()
                     .map(|(_, r)| r)
                     .collect(),
@@ -206,17 +210,25 @@ impl Experiment {
                     .enable_all()
                     .build()
                     .map_err(|e| LiveError::Actor(format!("cannot start tokio: {e}")))?;
-                Ok(Runs::Pipeline(rt.block_on(pipeline_run::live_all(s))?))
+                Ok(Runs::Pipeline(
+                    rt.block_on(crate::pipeline::live::live_all(s))?,
+                ))
             }
-            Experiment::Pipeline(s) => Ok(Runs::Pipeline(pipeline_run::simulate_all(s, threads)?)),
+            Experiment::Pipeline(s) => Ok(Runs::Pipeline(crate::pipeline::sim::simulate_all(
+                s, threads,
+            )?)),
         }
     }
 
     /// Writes the results folder of `runs` into `dir`.
     pub fn write(&self, runs: &Runs, dir: &Path) -> std::io::Result<Written> {
         match (self, runs) {
-            (Experiment::Serving(s), Runs::Serving(r)) => serving_run::write_results(s, r, dir),
-            (Experiment::Pipeline(s), Runs::Pipeline(r)) => pipeline_run::write_results(s, r, dir),
+            (Experiment::Serving(s), Runs::Serving(r)) => {
+                crate::serving::outcome::write_results(s, r, dir)
+            }
+            (Experiment::Pipeline(s), Runs::Pipeline(r)) => {
+                crate::pipeline::outcome::write_results(s, r, dir)
+            }
             _ => Err(std::io::Error::other("runs of another kind of scenario")),
         }
     }
@@ -290,7 +302,7 @@ impl Experiment {
                 .collect()
         };
         for (label, s) in points {
-            let trace = crate::serving::run::trace(s).map_err(|e| e.to_string())?;
+            let trace = crate::serving::build::trace(s).map_err(|e| e.to_string())?;
             let bs = s.serving.instance.block_size;
             let st = crate::workload::stats::TraceStats::of(&trace, bs, &[]);
             let at = if label.is_empty() {

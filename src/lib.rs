@@ -19,15 +19,17 @@
 //! schema of [`metrics`], plots, `report.md`, written atomically). [`workload`] generates and
 //! replays request traces; [`profiling`] measures the candle backend.
 //!
-//! Layers, from the bottom: `units`, [`hash`], [`rng`], `text`, [`tuning`] → [`metrics`],
-//! [`hardware`] → [`actor`], [`model`] → [`exec`], [`sim`], [`live`], [`workload`] →
+//! Layers, from the bottom: `units`, [`hash`], [`rng`], `text`, [`cpu`] → [`metrics`],
+//! [`hardware`], [`fault`] → [`actor`], [`model`] → [`exec`], [`sim`], [`live`], [`workload`] →
 //! [`backend`], [`results`], `scenario` → [`serving`], [`pipeline`], [`profiling`] →
 //! [`experiment`], [`vopr`]. No module imports one above it.
 
 pub mod actor;
 pub mod backend;
+pub mod cpu;
 pub mod exec;
 pub mod experiment;
+pub mod fault;
 pub mod hardware;
 pub mod hash;
 pub mod live;
@@ -41,7 +43,6 @@ pub(crate) mod scenario;
 pub mod serving;
 pub mod sim;
 pub(crate) mod text;
-pub mod tuning;
 pub mod units;
 pub mod vopr;
 pub mod workload;

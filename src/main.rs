@@ -173,8 +173,8 @@ fn init_logging(verbose: u8, quiet: bool) {
 }
 
 fn main() -> ExitCode {
-    // First: it may start the program again (see the module doc).
-    let huge_pages = meshsim::tuning::tune_allocator();
+    // First, before any thread starts.
+    meshsim::cpu::alloc::tune_allocator();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -198,7 +198,6 @@ fn main() -> ExitCode {
         | Command::Vopr { .. } => false,
     };
     init_logging(cli.verbose, quiet);
-    tracing::debug!("huge pages: {huge_pages}");
     match cli.command {
         Command::Plot { dir, quiet } => cli::tools::plot(&dir, quiet),
         Command::Compare { sim, live, out } => cli::tools::compare(&sim, &live, out.as_deref()),

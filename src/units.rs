@@ -121,7 +121,7 @@ mod tests {
         assert_eq!(Nanos::from_secs_f64(-1.0), Nanos::ZERO);
     }
 
-    /// The library's ceil, as the rounding was computed before `ceil_u64`.
+    /// The library's ceil: the reference that `ceil_u64` must match.
     fn by_libm(x: f64) -> Option<u64> {
         let c = libm::ceil(x);
         (!c.is_nan() && c < u64::MAX as f64).then_some(c as u64)

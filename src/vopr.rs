@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use crate::metrics::write::{write_requests, write_summary};
 use crate::rng::Stream;
-use crate::serving::run::{self, PolicyRun};
+use crate::serving::outcome::PolicyRun;
 use crate::serving::scenario::Scenario;
 
 /// The ChaCha8 stream of a seed's scenario choices.
@@ -137,7 +137,8 @@ pub fn scenario_text(seed: u64) -> String {
     // Faults within the trace's span.
     let span_ms = (1000 * requests / rate).max(1);
     let faults = faults_text(&mut pick, nodes, gpus, span_ms);
-    // Drawn last, so that the choices above stay those of earlier versions of the VOPR.
+    // Drawn last, so that it shifts none of the draws above: a seed recorded with a
+    // failure still draws the same choices there.
     let overlap = ["none", "layerwise"][pick(2) as usize];
     let (order, reuse) = reuse_text(&mut pick, order);
     let mut t = String::new();
@@ -314,7 +315,8 @@ pub fn run_seed(seed: u64) -> Result<SeedOutcome, SeedFailure> {
     let file = format!("vopr_{seed}.toml");
     let s = Scenario::parse(&file, &format!("vopr_{seed}"), &text)
         .map_err(|e| fail(format!("the generated scenario is invalid: {e}")))?;
-    let trace = Arc::new(run::trace(&s).map_err(|e| fail(format!("trace: {e}")))?);
+    let trace =
+        Arc::new(crate::serving::build::trace(&s).map_err(|e| fail(format!("trace: {e}")))?);
     let mut out = SeedOutcome {
         seed,
         simulations: 0,
@@ -333,8 +335,9 @@ pub fn run_seed(seed: u64) -> Result<SeedOutcome, SeedFailure> {
     for &policy in &s.policies {
         let mut bytes = Vec::with_capacity(2);
         for round in 0..2 {
-            let r = run::simulate_checked(&s, trace.clone(), policy, VOPR_CHECK_EVERY)
-                .map_err(|e| fail(format!("{}: {e}", policy.name())))?;
+            let r =
+                crate::serving::sim::simulate_checked(&s, trace.clone(), policy, VOPR_CHECK_EVERY)
+                    .map_err(|e| fail(format!("{}: {e}", policy.name())))?;
             out.simulations += 1;
             out.events += r.summary.events;
             if round == 0 {

@@ -504,8 +504,8 @@ ssd_capacity_gb = 0.002
 }
 
 /// A device given where meshsim reads a file (`/dev/zero` never ends) is refused at once,
-/// with exit status 2, by every command that reads one: before, each read it whole, growing
-/// memory until the system ran out. A symbolic link to one is a device too.
+/// with exit status 2, by every command that reads one: read whole, it would grow memory
+/// until the system runs out. A symbolic link to one is a device too.
 #[test]
 fn a_device_given_as_an_input_file_is_refused_before_any_read() {
     let dir = tempfile::tempdir().unwrap();
@@ -545,8 +545,9 @@ fn a_device_given_as_an_input_file_is_refused_before_any_read() {
     assert!(!d.join("out").exists(), "nothing written");
 }
 
-/// `--threads` takes 1 to 1,024 threads (each runs a whole simulation): 0 ran one thread
-/// without a word, and a huge count ran as many simulations at once as there were.
+/// `--threads` takes 1 to 1,024 threads (each runs a whole simulation): 0 is refused rather
+/// than quietly run as one thread, and a huge count rather than run as many simulations at
+/// once as it names.
 #[test]
 fn a_thread_count_of_zero_or_past_the_bound_is_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -562,4 +563,17 @@ fn a_thread_count_of_zero_or_past_the_bound_is_refused() {
         assert!(stderr.contains("--threads"), "{n}: {stderr}");
         assert!(!dir.path().join("out").exists(), "{n}: nothing written");
     }
+}
+
+#[test]
+fn a_missing_scenario_with_an_odd_name_is_named_with_exit_status_2() {
+    let missing = "/nonexistent/été dir/scénario.toml";
+    let out = Command::new(env!("CARGO_BIN_EXE_meshsim"))
+        .args(["check", missing])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("scénario.toml"), "{stderr}");
+    assert!(!Path::new("/nonexistent").exists());
 }

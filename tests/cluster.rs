@@ -3,7 +3,7 @@
 //! its end, and every run is bounded in wall-clock time.
 //!
 //! One test function runs the cases one after another, so that the nodes (and candle) never
-//! compete with each other for this machine's cores, and so that one process runs one
+//! compete with each other for the host's cores, and so that one process runs one
 //! `ractor_cluster` node server at a time.
 
 mod common;
@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use common::node::{Node, cookie};
 
-use meshsim::pipeline::run::{PipelineRun, live_all};
+use meshsim::pipeline::live::live_all;
+use meshsim::pipeline::outcome::PipelineRun;
 use meshsim::pipeline::scenario::PipelineScenario;
 
 /// The `small` model (8 layers, hidden 512) in 2 shards; 4 requests of 48 prompt tokens and
@@ -231,7 +232,7 @@ fn pipeline_routes_across_meshsim_node_processes() {
     );
     drop((n1, n3, n4, n5));
 
-    // 5. scripts/live_cluster.sh, as a user runs it, with both hosts on this machine: it
+    // 5. scripts/live_cluster.sh, as a user runs it, with both hosts on 127.0.0.1: it
     //    starts two nodes, runs the scenario across them and stops them.
     let file = dir.path().join("cluster.toml");
     std::fs::write(&file, scenario_text(&[], None, 4)).unwrap();

@@ -11,10 +11,12 @@ use std::collections::BTreeMap;
 
 use common::node::{Node, cookie};
 use meshsim::metrics::{RequestRecord, Tier};
+use meshsim::serving::build::trace;
 use meshsim::serving::live::live_all;
+use meshsim::serving::outcome::PolicyRun;
 use meshsim::serving::policy::PolicyKind;
-use meshsim::serving::run::{PolicyRun, simulate, trace};
 use meshsim::serving::scenario::Scenario;
+use meshsim::serving::sim::simulate;
 
 /// 2 nodes x 2 instances of tiny-32k, 32 seeded prompts about 6 shared contexts, stores that
 /// demote and replicate; in processes `nodes` when given.

@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use meshsim::serving::run::{PolicyRun, simulate, trace};
+use meshsim::serving::build::trace;
+use meshsim::serving::outcome::PolicyRun;
+use meshsim::serving::sim::simulate;
 use meshsim::{PolicyKind, Scenario};
 
 /// A VOPR scenario without its random faults.
@@ -198,7 +200,7 @@ fn bad_fault_tables_are_refused_naming_the_key() {
 #[test]
 fn a_pipeline_shard_restart_is_a_fault_like_any_other() {
     use meshsim::PipelineScenario;
-    use meshsim::pipeline::run::simulate_all;
+    use meshsim::pipeline::sim::simulate_all;
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
     let text = std::fs::read_to_string(dir.join("pipeline_mistral_4node.toml")).unwrap();
     let old = "[[pipeline.restart]]\nshard = 2\nrequest = 10\nafter_tokens = 64\n";

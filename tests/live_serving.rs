@@ -1,4 +1,4 @@
-//! Live serving: the serving actors on the live host with real K/V (issue "Live serving").
+//! Live serving: the serving actors on the live host with real K/V.
 //! Prefix reuse never changes the output: under every policy each request generates
 //! vanilla's greedy tokens, with first-token logits within the stated tolerance; and a wrong
 //! load (corrupted K/V) is caught by that check.
@@ -7,9 +7,9 @@ mod common;
 
 use std::sync::Arc;
 
+use meshsim::serving::build::trace;
 use meshsim::serving::live::{LOGIT_TOLERANCE, check_outputs, live_all, live_with};
 use meshsim::serving::policy::PolicyKind;
-use meshsim::serving::run::trace;
 use meshsim::serving::scenario::Scenario;
 
 /// A small live scenario: 2 nodes x 2 instances, seeded prompts of a few hundred tokens about
@@ -130,7 +130,7 @@ fn a_wrong_load_is_caught_by_the_output_check() {
     assert!(caught[0].max_logit_diff > LOGIT_TOLERANCE);
 }
 
-/// Point 5 of the issue: a measured profile prices what the live instances computed, and the
+/// Calibration: a measured profile prices what the live instances computed, and the
 /// simulation calibrated with it ranks the policies as the live run does where they differ
 /// clearly (reuse against none). Bounds are wide: timings on a shared 2-core machine are
 /// noisy; a profile that prices the wrong thing (a missing term, a unit slip) is off by far
@@ -223,8 +223,8 @@ fn a_measured_profile_prices_the_live_iterations_and_calibrates_the_simulation()
             );
         }
     }
-    let sim = meshsim::serving::run::simulate_all(&s, Arc::new(trace(&s).unwrap()), 1).unwrap();
-    let p50 = |runs: &[meshsim::serving::run::PolicyRun], p: PolicyKind| {
+    let sim = meshsim::serving::sim::simulate_all(&s, Arc::new(trace(&s).unwrap()), 1).unwrap();
+    let p50 = |runs: &[meshsim::serving::outcome::PolicyRun], p: PolicyKind| {
         runs.iter()
             .find(|r| r.policy == p)
             .unwrap()

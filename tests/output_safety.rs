@@ -322,9 +322,9 @@ const TINY_PROFILE: [&str; 12] = [
 /// A results folder beside which nothing can be made (here in a pseudo file system, which
 /// refuses a new folder even to root, so the test holds as root as well) is refused before
 /// any work: a serving run, a share of one, a pipeline run, a merge, a trace's conversion, a
-/// comparison and a profile. Before, a serving run found out only when its first simulation
-/// had finished and its request rows had nowhere to go, and the others when their work was
-/// done (exit status 1).
+/// comparison and a profile. Otherwise a serving run would find out only when its first
+/// simulation had finished and its request rows had nowhere to go, and the others when their
+/// work was done (exit status 1).
 #[test]
 #[cfg(target_os = "linux")]
 fn a_place_where_nothing_can_be_made_is_refused_before_any_work() {

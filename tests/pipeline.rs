@@ -12,9 +12,12 @@ use candle_core::{DType, Device};
 use meshsim::backend::CandleBackend;
 use meshsim::exec::WeightSource;
 use meshsim::metrics::RequestRecord;
-use meshsim::pipeline::run::{PipelineRun, live, simulate, simulate_all, trace, write_results};
+use meshsim::pipeline::build::trace;
+use meshsim::pipeline::live::live;
+use meshsim::pipeline::outcome::{PipelineRun, write_results};
 use meshsim::pipeline::scenario::{PipelineScenario, mode_name};
 use meshsim::pipeline::shard::{CacheLimits, DecodeMode, Route, SessionId, Shard};
+use meshsim::pipeline::sim::{simulate, simulate_all};
 use meshsim::units::Nanos;
 
 const A100: &str = r#"
@@ -67,7 +70,7 @@ impl Spec {
         }
     }
 
-    /// The brief's example: tiny on 2 shards, 3 sessions at once, a restart of shard 1.
+    /// The reference case: tiny on 2 shards, 3 sessions at once, a restart of shard 1.
     fn tiny() -> Spec {
         Spec {
             model: "tiny",
@@ -618,7 +621,7 @@ async fn sim_and_live_hosts_generate_as_many_tokens_per_request() {
     let spec = Spec::tiny();
     let s = spec.scenario();
     let sims = simulate_all(&s, 1).unwrap();
-    let lives = meshsim::pipeline::run::live_all(&s).await.unwrap();
+    let lives = meshsim::pipeline::live::live_all(&s).await.unwrap();
     assert_eq!(sims.len(), 2);
     assert_eq!(lives.len(), 2);
     for (a, b) in sims.iter().zip(&lives) {

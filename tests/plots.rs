@@ -10,7 +10,7 @@ use std::process::{Command, Output};
 use meshsim::metrics::write::{write_requests, write_summary};
 use meshsim::metrics::{Report, RequestRecord, Summary};
 use meshsim::results::plot::{Figure, Results, output_files};
-use meshsim::serving::run::write_results;
+use meshsim::serving::outcome::write_results;
 use meshsim::units::Nanos;
 
 /// Runs the small scenario and writes its results (CSV, plots, report) into `<tmp>/out`.

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use meshsim::PolicyKind;
 use meshsim::metrics::RequestRecord;
-use meshsim::serving::run::{simulate, trace};
+use meshsim::serving::build::trace;
+use meshsim::serving::sim::simulate;
 use meshsim::workload::qa::{ContextMode, Order};
 use meshsim::workload::{Request, Trace, WorkloadSpec};
 

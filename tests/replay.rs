@@ -10,7 +10,8 @@ use std::process::Command;
 use std::sync::Arc;
 
 use meshsim::Scenario;
-use meshsim::serving::run::{simulate_all, trace};
+use meshsim::serving::build::trace;
+use meshsim::serving::sim::simulate_all;
 use meshsim::workload::TraceError;
 use meshsim::workload::replay::{self, Loaded, ReplaySpec, Source};
 use meshsim::workload::stats::TraceStats;

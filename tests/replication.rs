@@ -6,7 +6,8 @@ mod common;
 
 use std::sync::Arc;
 
-use meshsim::serving::run::{simulate, trace};
+use meshsim::serving::build::trace;
+use meshsim::serving::sim::simulate;
 use meshsim::serving::store::directory::{Directory, Location, StoreParams};
 use meshsim::serving::store::eviction::Eviction;
 use meshsim::{PolicyKind, Tier};

@@ -37,7 +37,7 @@ fn every_bundled_scenario_validates() {
         }
         assert_eq!(s.policies.len(), 4, "{}: all four policies", path.display());
         assert!(!s.live, "{}: bundled scenarios simulate", path.display());
-        // Live scenarios describe this machine (a CPU) and compute in f32.
+        // Live scenarios describe the host that runs them (a CPU) and compute in f32.
         if stem.starts_with("live_") {
             assert_eq!(s.model.bytes_per_element, 4, "{}", path.display());
             meshsim::serving::live::check_live(&s, &path.display().to_string())

@@ -256,9 +256,9 @@ fn spooled_request_rows_are_the_rows_held_in_memory() {
     );
     assert_eq!(code, 0, "{err}");
     let s = meshsim::Scenario::load(&path).unwrap();
-    let runs = meshsim::serving::run::simulate_experiment(&s, 2).unwrap();
+    let runs = meshsim::serving::sim::simulate_experiment(&s, 2).unwrap();
     assert!(runs.iter().all(|r| r.spooled.is_none()));
-    meshsim::serving::run::write_results(&s, &runs, &d.path().join("memory")).unwrap();
+    meshsim::serving::outcome::write_results(&s, &runs, &d.path().join("memory")).unwrap();
     assert_same_tree(&d.path().join("memory"), &d.path().join("cli"));
     let left: Vec<String> = std::fs::read_dir(d.path())
         .unwrap()

@@ -27,8 +27,8 @@ fn small_scenario_summary_under_every_policy() {
 #[test]
 fn pipeline_summary_under_both_decode_modes() {
     use meshsim::metrics::write::write_summary;
-    use meshsim::pipeline::run::simulate_all;
     use meshsim::pipeline::scenario::PipelineScenario;
+    use meshsim::pipeline::sim::simulate_all;
     let text = r#"
 name = "pipeline_snapshot"
 seed = 9

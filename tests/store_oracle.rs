@@ -8,9 +8,9 @@
 //! the eviction order), the insert outcomes and replica counts, the stored tensors with
 //! owner and tier, the replicas on every node, the bytes per cache, and every load plan.
 //!
-//! The oracle found one bug of the directory, now fixed: adding replicas could evict an
-//! ancestor of the batch ([`adding_replicas_never_evicts_an_ancestor_of_the_batch`]); its
-//! shrunk case is kept in the regressions file.
+//! Among the checks: adding replicas never evicts an ancestor of the batch
+//! ([`adding_replicas_never_evicts_an_ancestor_of_the_batch`]), and the oracle's shrunk case
+//! for it is kept in the regressions file.
 
 mod common;
 mod oracle;
@@ -341,8 +341,8 @@ fn replication_params() -> StoreParams {
 /// replicas, replicating after one remote read. Reading x1 x2 replicates both; reading y
 /// evicts the leaf x2 for y. Reading x0 x1 x2 then loads x1 from the local replica and asks
 /// to replicate x0 and x2; the documented rule keeps x1 (an ancestor of x2), evicts y, and
-/// has room for x0 only. (The directory once evicted y and x1 and replicated x0 and x2,
-/// leaving node 0 with x0 and x2 but not the x1 between them: the oracle found it.)
+/// has room for x0 only. (The wrong outcome evicts y and x1 and replicates x0 and x2,
+/// leaving node 0 with x0 and x2 but not the x1 between them.)
 #[test]
 fn adding_replicas_never_evicts_an_ancestor_of_the_batch() {
     let mut pair = Pair::new(replication_params());

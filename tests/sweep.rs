@@ -4,7 +4,8 @@
 mod common;
 
 use meshsim::Scenario;
-use meshsim::serving::run::{simulate_experiment, write_results};
+use meshsim::serving::outcome::write_results;
+use meshsim::serving::sim::simulate_experiment;
 
 fn swept(sweep: &str) -> Result<Scenario, meshsim::ScenarioError> {
     let text = std::fs::read_to_string(common::data("small.toml")).unwrap();

@@ -18,7 +18,7 @@ mod common;
 
 use std::path::Path;
 
-use meshsim::serving::run::PolicyRun;
+use meshsim::serving::outcome::PolicyRun;
 use meshsim::workload::replay::{self, ReplaySpec, Source};
 use meshsim::workload::stats::TraceStats;
 use meshsim::{Experiment, Runs};

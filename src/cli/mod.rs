@@ -24,14 +24,14 @@ pub(crate) fn refused(e: output::OutputError) -> ExitCode {
     ExitCode::from(EXIT_BAD_INPUT)
 }
 
-/// Bad input: print it, exit with status 2.
-/// Live serving runs, and the serving profile that prices them, leave one of this machine's
+/// Live serving runs, and the serving profile that prices them, leave one of the host's
 /// cores to the actors: candle computes an iteration on the others (`RAYON_NUM_THREADS`,
 /// unless the user set it or `CANDLE_NUM_THREADS`). With every core in candle's matrix
 /// products, the router, the timers and the mailboxes wait for a time slice, and each
-/// request's first token reached the router about one iteration late (measured: the
-/// simulation's TTFT p50 error for the store policies was -35 % and -46 % with both cores in
-/// candle, 3 to 4 % with a core left free; see the README, "Live serving"). Returns the threads candle uses.
+/// request's first token reaches the router about one iteration late, which puts the live
+/// TTFT far from the simulation's; with a core left free they agree closely (see
+/// docs/live.md, "Live serving: the four policies on real tensors"). Returns the threads
+/// candle uses.
 pub(crate) fn leave_a_core_for_the_actors() -> usize {
     let set = |v: &str| {
         std::env::var(v)
@@ -52,6 +52,7 @@ pub(crate) fn leave_a_core_for_the_actors() -> usize {
     cores - 1
 }
 
+/// Bad input: print it, exit with status 2.
 pub(crate) fn bad(e: impl std::fmt::Display) -> ExitCode {
     eprintln!("error: {e}");
     ExitCode::from(EXIT_BAD_INPUT)

@@ -10,7 +10,7 @@ use super::{EXIT_FAILED, bad, refused};
 use meshsim::experiment::Experiment;
 use meshsim::results::output;
 use meshsim::results::share::{self, Share, ShareOf, ShareRun};
-use meshsim::serving::run::{self as serving_run, RunOptions, Spool};
+use meshsim::serving::sim::{RunOptions, Spool};
 use meshsim::sim::progress::Board;
 
 /// `meshsim check`: validate and describe, run nothing.
@@ -222,7 +222,7 @@ fn run_share(
             ));
         }
     };
-    let jobs = serving_run::jobs(s);
+    let jobs = meshsim::serving::sim::jobs(s);
     if let Err(e) = share.check(jobs) {
         return bad(e);
     }
@@ -260,7 +260,7 @@ fn run_share(
         board: Some(&board),
         spool: Some(&spool),
     };
-    let runs = serving_run::simulate_share(s, threads, &opts);
+    let runs = meshsim::serving::sim::simulate_share(s, threads, &opts);
     display.stop();
     let runs = match runs {
         Ok(r) => r,

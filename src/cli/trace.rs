@@ -8,7 +8,8 @@ use clap::{Args, Subcommand};
 
 use super::{EXIT_BAD_INPUT, EXIT_FAILED, refused};
 use meshsim::results::output;
-use meshsim::workload::qa::{ContextMode, Order, OutputDist};
+use meshsim::workload::output::OutputDist;
+use meshsim::workload::qa::{ContextMode, Order};
 use meshsim::workload::replay::{self, Loaded, ReplaySpec, Source};
 use meshsim::workload::stats::TraceStats;
 

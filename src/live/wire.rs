@@ -117,7 +117,7 @@ pub enum Frame {
         error: Option<String>,
     },
     /// Coordinator -> node: place (or place again) `actors` here: `(id, spec)`, a spec in
-    /// the system's encoding (e.g. `crate::pipeline::cluster::ShardSpec`).
+    /// the system's encoding (e.g. `crate::pipeline::build::ShardSpec`).
     Place { run: u64, actors: Vec<Placed> },
     /// Coordinator -> node: start the actors of the run (their `Actor::start`).
     Go { run: u64 },

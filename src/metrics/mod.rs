@@ -202,7 +202,8 @@ impl Dist {
         let sum = if total < 1 << f64::MANTISSA_DIGITS {
             total as f64
         } else {
-            // Partial sums may round: sum in sorted order, as this always did.
+            // Partial sums may round: sum in sorted order, so that the bits do not depend
+            // on the order the values came in.
             v.sort_unstable();
             v.iter().map(|d| d.0 as f64).sum::<f64>()
         };
@@ -349,8 +350,8 @@ mod tests {
         assert_eq!(Dist::of(vec![]), Dist::default());
     }
 
-    /// What `Dist::of` computed when it sorted every list: its selections and its exact sum
-    /// must give the same bits, for small sums and for sums whose partial sums round.
+    /// A reference that sorts every list: `Dist::of`'s selections and its exact sum must give
+    /// the same bits, for small sums and for sums whose partial sums round.
     #[test]
     fn selected_percentiles_and_exact_sums_match_a_sorted_list() {
         let sorted_dist = |mut v: Vec<Nanos>| {

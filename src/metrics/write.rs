@@ -1,6 +1,7 @@
 //! CSV files of results: `requests.csv` (one row per request and policy) and `summary.csv`
-//! (one row per policy). Columns are fixed and documented in the README; numbers are written
-//! with fixed precision so that the same run always gives the same bytes.
+//! (one row per policy). Columns are fixed and documented in docs/cli.md, "The results
+//! folder"; numbers are written with fixed precision so that the same run always gives the
+//! same bytes.
 
 use std::io::Write;
 
@@ -271,8 +272,8 @@ mod tests {
         }
     }
 
-    /// The rows as whole records of strings, as they were written before fields went one at
-    /// a time: the bytes must not change.
+    /// The rows as whole records of strings through csv's record writer: the reference that
+    /// the field-at-a-time writer must match byte for byte.
     fn rows_as_records(
         swept: bool,
         point: Option<&str>,

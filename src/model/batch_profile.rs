@@ -27,15 +27,15 @@
 //! K/V from the blocks; and what a chunk member pays per cached token on top of a decode
 //! step). The backend computes member by member, so an iteration has no cost of its own: the
 //! fit has no constant term (`serving.iteration_overhead_us` is the scheduler's). Each point
-//! weighs by the inverse of its time (least squares of relative errors). Measured on this
-//! 2-core CPU (`profiles/tiny-32k_serving_cpu.toml`): a one-token step costs about 5.5 ms a
-//! member (the LM head of a 32,000-id vocabulary), a chunk member about 2 ms more, and the
-//! measured points sit within 8 % of the fit; with a constant per iteration instead of the
-//! per-chunk-member cost, the fit over-priced live decode steps by 7 to 15 % (the decode
-//! steps of a live run, logged with `-vv`, against the fit). The fit is made when the file is
-//! read, from the points it holds, so the file holds only measurements. Loads and exports are
-//! priced by a least-squares line in bytes; `meshsim profile` prints their throughput, which a
-//! scenario's links should give (see README, "Live serving").
+//! weighs by the inverse of its time (least squares of relative errors). In the bundled
+//! profile of a 2-core CPU (`profiles/tiny-32k_serving_cpu.toml`), a one-token step costs
+//! mostly its members' fixed cost (the LM head of a 32,000-id vocabulary), a chunk member
+//! costs a little more, and the measured points sit close to the fit. The extra cost is per
+//! chunk member, not per iteration: a constant per iteration over-prices the decode steps of
+//! a live run (logged with `-vv`). The fit is made when the file is read, from the points it
+//! holds, so the file holds only measurements. Loads and exports are priced by a least-squares
+//! line in bytes; `meshsim profile` prints their throughput, which a scenario's links should
+//! give (see docs/live.md, "Calibration: serving profiles").
 
 use crate::model::cost::BatchShape;
 use crate::units::Nanos;

@@ -2,102 +2,20 @@
 //! coordinator (`meshsim run --live` with `[live] nodes`), shard `i` on node `1 + i mod N`
 //! of the `N` nodes named, and nodes beyond the shards' are spares that take a lost shard.
 //!
-//! A shard crosses to its node as a [`ShardSpec`]: the model's architecture, its layer
+//! A shard crosses to its node as a [`ShardSpec`] ([`super::build`]): the model's architecture, its layer
 //! range, the session-cache limits, its neighbours and the seed of the weights. The node
-//! builds it with [`ShardSpec::actor`] over a [`CandleBackend`] with weights seeded as in a
-//! one-process run, so both run the same [`ShardNode`] code on the same numbers.
+//! builds it with [`ShardSpec::actor`] over a [`crate::backend::CandleBackend`] with weights seeded as in a
+//! one-process run, so both run the same [`super::ShardNode`] code on the same numbers.
 
-use std::ops::Range;
-
-use candle_core::DType;
-use serde::{Deserialize, Serialize};
-
+use super::Msg;
+use super::build::ShardSpec;
+use super::outcome::PipelineRun;
 use super::scenario::{PipelineScenario, mode_name};
-use super::shard::{CacheLimits, DecodeMode, Shard};
-use super::{Msg, ShardNode};
-use crate::actor::{Actor, ActorId};
-use crate::backend::{CandleBackend, ModelBackend};
-use crate::exec::{TransformerConfig, WeightSource, default_device};
+use super::shard::DecodeMode;
+use crate::actor::Actor;
 use crate::live::LiveError;
 use crate::live::cluster::{Coordinator, Placement, System};
 use crate::live::wire::FRAME_OVERHEAD;
-use crate::units::Nanos;
-
-/// Everything a node needs to build one shard of a route.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-pub struct ShardSpec {
-    pub model: TransformerConfig,
-    pub layers: Range<usize>,
-    /// The shard's place on the route (0 is the head shard).
-    pub index: usize,
-    /// The next shard's actor, or none for the tail.
-    pub next: Option<u32>,
-    /// The head's actor.
-    pub head: u32,
-    pub max_queue: usize,
-    pub max_sessions: usize,
-    pub ttl_ns: u64,
-    /// Seed of the weights ([`WeightSource::Seeded`]).
-    pub seed: u64,
-}
-
-impl ShardSpec {
-    /// The shard actor over `backend`: the one constructor of shard actors, for the
-    /// simulator, one live process and a node alike.
-    pub fn actor(&self, backend: Box<dyn ModelBackend>) -> Box<dyn Actor<Msg>> {
-        let limits = CacheLimits {
-            max_sessions: self.max_sessions,
-            ttl: Nanos(self.ttl_ns),
-        };
-        Box::new(ShardNode::new(
-            Shard::new(backend, limits),
-            self.index,
-            self.next.map(ActorId),
-            ActorId(self.head),
-            self.max_queue,
-        ))
-    }
-
-    /// Bytes of f32 weights this shard holds (embedding on the head shard, norm and LM head
-    /// on the tail), an upper bound used to refuse a spec too large for a node.
-    pub fn weight_bytes(&self) -> u64 {
-        self.model
-            .f32_weight_bytes(self.layers.end.saturating_sub(self.layers.start))
-    }
-
-    /// The candle backend of this shard: f32 weights seeded as in a one-process run, on the
-    /// default device.
-    pub fn backend(&self) -> Result<CandleBackend, String> {
-        CandleBackend::load(
-            &self.model,
-            self.layers.clone(),
-            &WeightSource::Seeded(self.seed),
-            DType::F32,
-            &default_device(),
-        )
-        .map_err(|e| e.to_string())
-    }
-}
-
-/// The shard specs of `s` (actor `1 + i` is shard `i`; the head is actor 0).
-pub fn specs(s: &PipelineScenario) -> Vec<ShardSpec> {
-    let n = s.layers.len();
-    s.layers
-        .iter()
-        .enumerate()
-        .map(|(i, l)| ShardSpec {
-            model: s.model.clone(),
-            layers: l.clone(),
-            index: i,
-            next: (i + 1 < n).then_some(i as u32 + 2),
-            head: 0,
-            max_queue: s.max_active,
-            max_sessions: s.cache.max_sessions,
-            ttl_ns: s.cache.ttl.0,
-            seed: s.seed,
-        })
-        .collect()
-}
 
 /// The pipeline system on a node.
 pub struct Pipeline;
@@ -149,7 +67,7 @@ impl System for Pipeline {
 /// The largest frame a run of `s` can send: a prefill's activation of its longest sequence,
 /// or the tail's logits.
 pub fn max_frame(s: &PipelineScenario) -> u64 {
-    let longest = super::run::trace(s)
+    let longest = super::build::trace(s)
         .iter()
         .map(|r| r.prompt.len() as u64 + r.output_tokens as u64)
         .max()
@@ -164,13 +82,13 @@ pub async fn live(
     s: &PipelineScenario,
     mode: DecodeMode,
     coordinator: &mut Coordinator,
-) -> Result<super::run::PipelineRun, LiveError> {
+) -> Result<PipelineRun, LiveError> {
     let nodes = coordinator.addresses().len();
     if nodes == 0 {
         return Err(LiveError::Config("no nodes to place the shards on".into()));
     }
-    let specs = specs(s);
-    let head = super::run::head(s, mode);
+    let specs = super::build::specs(s);
+    let head = super::build::head(s, mode);
     let mut placement = Placement {
         local: Default::default(),
         remote: Default::default(),
@@ -193,9 +111,5 @@ pub async fn live(
         payload_bytes = out.bytes,
         "actor messages across processes"
     );
-    Ok(super::run::PipelineRun::live(
-        mode,
-        out,
-        coordinator.timeline.clone(),
-    ))
+    Ok(PipelineRun::live(mode, out, coordinator.timeline.clone()))
 }

@@ -34,13 +34,16 @@
 //! request has generated a given number of tokens; the shard drops every session state (a
 //! restarted process with its weights still loaded), and the next decode step misses.
 
+pub mod build;
 pub mod cluster;
 mod head;
+pub mod live;
 pub mod msg;
-pub mod run;
+pub mod outcome;
 pub mod scenario;
 pub mod shard;
 mod shard_node;
+pub mod sim;
 pub mod wire;
 
 pub use head::Head;

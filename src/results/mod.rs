@@ -65,7 +65,7 @@ pub enum RequestRows<'a> {
     /// Records held in memory: (sweep point, policy, records) of each run.
     Records(&'a [(Option<&'a str>, &'a str, &'a [RequestRecord])]),
     /// Files of rows without a header, one per run in order (see
-    /// [`crate::serving::run::Spool`]); `swept` says whether they start with a `point` column.
+    /// [`crate::serving::sim::Spool`]); `swept` says whether they start with a `point` column.
     Spooled { swept: bool, files: Vec<&'a Path> },
 }
 

@@ -1,10 +1,10 @@
-//! The `[[fault]]` tables of a scenario file (see `crate::sim::fault` for what each kind
+//! The `[[fault]]` tables of a scenario file (see `crate::fault` for what each kind
 //! does). Each system then refuses the kinds it cannot inject.
 
 use serde::Deserialize;
 
 use super::{Check, ScenarioError};
-use crate::sim::fault::Fault;
+use crate::fault::Fault;
 use crate::units::Nanos;
 
 /// Most faults one scenario may inject.

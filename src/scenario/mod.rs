@@ -59,6 +59,8 @@ pub const MAX_REQUESTS: u32 = 10_000_000;
 pub const MAX_TOKENS: u32 = 1 << 20;
 /// Largest latency of any link or switch (1 s): anything above is a unit mistake.
 pub const MAX_LATENCY_NS: u64 = 1_000_000_000;
+/// Longest wall-clock limit of one live run (a week), in seconds.
+pub const MAX_WALL_S: f64 = 7.0 * 86_400.0;
 /// A scenario file's text: read, checked to be UTF-8, without a byte-order mark. Returns the
 /// file as errors name it, the text, and the file's stem (`default` if it has none).
 pub(crate) fn read_file(

@@ -1,5 +1,5 @@
 //! The fault injector of the serving system: one actor at the frontend that injects the
-//! scenario's `node-crash` and `store-restart` faults (see `crate::sim::fault`) at their
+//! scenario's `node-crash` and `store-restart` faults (see `crate::fault`) at their
 //! times, as messages: [`Msg::Crash`] to the crashed node's instances and store server, and a
 //! notice to everyone who must know, as a membership service would give it ([`Msg::NodeDown`]
 //! to the router, the metadata service and every instance; [`Msg::StoreLost`] to the metadata
@@ -8,8 +8,8 @@
 
 use super::Msg;
 use crate::actor::{Actor, ActorId, Context, unexpected};
+use crate::fault::Fault;
 use crate::metrics::Report;
-use crate::sim::fault::Fault;
 
 /// Who the injector tells.
 #[derive(Clone, Debug)]

@@ -1,8 +1,9 @@
 //! Serving runs across processes ([`crate::live::cluster`]): `meshsim run --live` with
 //! `[live] nodes` (or `--nodes`) hosts the router and the metadata service, and scenario node
 //! `n`'s instances and store server go to `meshsim node` number `1 + n mod N` of the `N`
-//! named. The actors are the one-process live run's ([`super::run::actors`]), built from the
-//! same specs ([`InstanceSpec`], [`ServerSpec`]) by the same constructors.
+//! named. The actors are the one-process live run's ([`super::build::actors`]), built from the
+//! same specs ([`super::build::InstanceSpec`], [`super::build::ServerSpec`]) by the same
+//! constructors.
 //!
 //! **What every node gets** when it joins a run ([`RunData`], in the run's `Setup`): the
 //! model's architecture and the seed of its weights, the trace (every prompt's token ids:
@@ -33,133 +34,23 @@ use candle_core::DType;
 use serde::{Deserialize, Serialize};
 
 use super::Msg;
-use super::instance::{Instance, InstanceConfig, StoreLink};
-use super::policy::{Policy, PolicyKind, PolicySpec};
-use super::prompt_hashes::PromptHashes;
-use super::run::{PolicyRun, actors};
+use super::build::{ActorSpec, actors, specs, transformer};
+use super::kv::prompt_hashes::PromptHashes;
+use super::outcome::{AcrossProcesses, PolicyRun};
+use super::policy::{Policy, PolicyKind};
 use super::scenario::Scenario;
 use super::store::directory::Location;
 use super::store::memory::ClusterMemory;
-use super::store::server::StoreServer;
 use crate::actor::{Actor, ActorId};
-use crate::backend::{BatchBackend, DeviceLock, KvSource, PagedCandleBackend};
+use crate::backend::{DeviceLock, KvSource, PagedCandleBackend};
 use crate::exec::weights::{self, WeightSource};
 use crate::exec::{HostKv, ShardModel, TransformerConfig, default_device};
-use crate::hardware::Place;
 use crate::hardware::network::LinkBytes;
 use crate::live::LiveError;
 use crate::live::cluster::{Coordinator, Placement, Reads, System};
 use crate::live::wire::{FRAME_OVERHEAD, Setup, postcard_whole};
 use crate::metrics::Summary;
 use crate::workload::Trace;
-
-/// Everything a node needs to build one serving instance.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-pub struct InstanceSpec {
-    pub index: u32,
-    pub router: ActorId,
-    pub config: InstanceConfig,
-    pub policy: PolicySpec,
-    /// How it reaches the store (store policies only).
-    pub link: Option<StoreLink>,
-}
-
-impl InstanceSpec {
-    /// The instance over `backend`: the one constructor of serving instances, for the
-    /// simulator, one live process and a node alike.
-    pub fn actor(
-        &self,
-        trace: Arc<Trace>,
-        hashes: Arc<PromptHashes>,
-        policy: Arc<dyn Policy>,
-        backend: Box<dyn BatchBackend>,
-    ) -> Instance {
-        Instance::new(
-            self.index,
-            self.router,
-            trace,
-            policy,
-            self.config,
-            self.link.clone(),
-            backend,
-        )
-        .with_prompt_hashes(hashes)
-    }
-}
-
-/// Everything a node needs to build one node's store server.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-pub struct ServerSpec {
-    pub node: u32,
-    pub metadata: ActorId,
-    /// Bytes its memory may hold (host and SSD capacity): what the directory bounds it by.
-    pub capacity: u64,
-}
-
-impl ServerSpec {
-    /// The store server, holding real bytes in `memory` when given: the one constructor of
-    /// store servers.
-    pub fn actor(&self, memory: Option<Arc<ClusterMemory>>) -> StoreServer {
-        let server = StoreServer::new(self.node, self.metadata);
-        match memory {
-            Some(m) => server.with_memory(m),
-            None => server,
-        }
-    }
-}
-
-/// An actor a node builds.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-pub enum ActorSpec {
-    Instance(InstanceSpec),
-    Server(ServerSpec),
-}
-
-/// The instances and store servers of a run of `policy` on `s`: `(actor id, spec, place)`,
-/// in id order. The router is actor 0, instance `i` actor `1 + i`, the metadata service
-/// `1 + instances`, node `n`'s store server `2 + instances + n` (store policies only).
-pub fn specs(s: &Scenario, policy: PolicyKind) -> Vec<(u32, ActorSpec, Place)> {
-    let p = policy.spec(&s.store);
-    let n = s.instances();
-    let metadata = ActorId(1 + n);
-    let servers: Vec<ActorId> = (0..s.hardware.nodes).map(|i| ActorId(2 + n + i)).collect();
-    let mut out = Vec::new();
-    for i in 0..n {
-        let place = s.instance_place(i);
-        let link = p.rules.map(|_| StoreLink {
-            metadata,
-            servers: servers.clone(),
-            node: place.node().unwrap_or(0),
-            tensor_tokens: s.store.tensor_tokens,
-            tensor_bytes: s.store.tensor_tokens as u64 * s.model.kv_bytes_per_token(),
-            overlap: s.store.load_overlap,
-            layers: s.model.layers as u32,
-        });
-        let spec = InstanceSpec {
-            index: i,
-            router: ActorId(0),
-            config: s.serving.instance,
-            policy: p,
-            link,
-        };
-        out.push((1 + i, ActorSpec::Instance(spec), place));
-    }
-    if p.rules.is_some() {
-        for node in 0..s.hardware.nodes {
-            let spec = ServerSpec {
-                node,
-                metadata,
-                capacity: s.store.host_capacity_bytes + s.store.ssd_capacity_bytes,
-            };
-            out.push((
-                servers[node as usize].0,
-                ActorSpec::Server(spec),
-                Place::Host { node },
-            ));
-        }
-    }
-    out
-}
 
 /// What every process of a serving run gets (see the module doc).
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -431,7 +322,7 @@ impl Drop for NodeShared {
 pub fn run_data(s: &Scenario, trace: &Trace, policy: PolicyKind) -> Result<RunData, LiveError> {
     let n = s.instances();
     Ok(RunData {
-        model: super::live::transformer(s)?,
+        model: transformer(s)?,
         seed: s.seed,
         block_size: s.serving.instance.block_size,
         num_blocks: s.serving.instance.num_blocks,
@@ -470,18 +361,6 @@ pub fn max_frame(s: &Scenario, trace: &Trace) -> Result<u64, LiveError> {
         data.model.f32_kv_bytes_per_token(),
     );
     Ok(setup.max(place).max(message) + FRAME_OVERHEAD)
-}
-
-/// What a serving run across processes moved between them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct AcrossProcesses {
-    /// K/V bytes that store loads read from another process's memory (over the socket).
-    pub remote_read: u64,
-    /// Bytes of K/V that store loads read, wherever from.
-    pub fetched: u64,
-    /// Frames of actor messages between processes, and their bytes.
-    pub frames: u64,
-    pub frame_bytes: u64,
 }
 
 /// Runs one policy of `s` across the coordinator's nodes: the router and the metadata

@@ -1,7 +1,7 @@
 //! Live serving: a serving scenario's actors (router, instances, metadata service, store
 //! servers) on the live host ([`crate::live::host`]), with real tensors.
 //!
-//! The actors are exactly the simulation's ([`super::run::actors`]); what changes is what
+//! The actors are exactly the simulation's ([`super::build::actors`]); what changes is what
 //! hosts them and what their backends do:
 //!
 //! * every instance gets a [`PagedCandleBackend`]: the scenario's model (f32, weights seeded
@@ -13,8 +13,8 @@
 //!   owner's memory into the reader's blocks;
 //! * time is the wall clock: requests arrive on tokio timers at the trace's times, and
 //!   TTFT, TPOT and throughput are measured, not modelled. The "nodes" and "GPUs" of the
-//!   scenario are actor places on this machine: every instance computes on the machine's
-//!   CPU cores (or its CUDA device), so instances that compute at once share them.
+//!   scenario are actor places on the host: every instance computes on the host's CPU
+//!   cores (or its CUDA device), so instances that compute at once share them.
 //!
 //! **Reuse never changes the output.** Every completed request's greedy tokens and first-token
 //! logits are kept; [`check_outputs`] compares each policy with `vanilla` (full recompute),
@@ -27,13 +27,14 @@ use std::time::Instant;
 
 use candle_core::DType;
 
+use super::build::{actors, transformer};
+use super::outcome::{OutputCheck, PolicyRun};
 use super::policy::PolicyKind;
-use super::run::{PolicyRun, actors};
 use super::scenario::Scenario;
 use super::store::memory::ClusterMemory;
 use crate::backend::{BatchBackend, PagedCandleBackend, Timing};
 use crate::exec::weights::{self, WeightSource};
-use crate::exec::{ShardModel, TransformerConfig, default_device, model::max_abs_diff};
+use crate::exec::{ShardModel, default_device, model::max_abs_diff};
 use crate::hardware::network::LinkBytes;
 use crate::live::LiveError;
 use crate::metrics::Summary;
@@ -42,8 +43,6 @@ use crate::scenario::{Check, ScenarioError};
 use crate::workload::Trace;
 use crate::workload::TraceError;
 
-/// Longest wall-clock limit of one live policy run (a week), in seconds.
-pub const MAX_WALL_S: f64 = 7.0 * 86400.0;
 /// Most memory a live run may hold: the weights (once: instances share them), every
 /// instance's K/V capacity and every store's host and SSD capacity, in f32 (16 GiB).
 pub const MAX_LIVE_BYTES: u64 = 16 << 30;
@@ -51,17 +50,6 @@ pub const MAX_LIVE_BYTES: u64 = 16 << 30;
 /// computes the same numbers in another order (a prefix's K/V computed in other chunks), so
 /// they may differ in the last bits of f32; a wrong K/V differs by far more.
 pub const LOGIT_TOLERANCE: f32 = 1e-3;
-
-/// The candle configuration of the scenario's model.
-pub fn transformer(s: &Scenario) -> Result<TransformerConfig, LiveError> {
-    let p = crate::model::preset(s.model.name)
-        .ok_or_else(|| LiveError::Config(format!("no preset {}", s.model.name)))?;
-    Ok(TransformerConfig::from_model(
-        &s.model,
-        p.rope_theta,
-        p.rms_eps,
-    ))
-}
 
 /// The bytes a live run of `s` holds: weights, K/V capacity of every instance, stores.
 pub fn live_bytes(s: &Scenario) -> u64 {
@@ -267,7 +255,7 @@ pub async fn live_all(s: &Scenario) -> Result<Vec<PolicyRun>, RunError> {
     let points = s.runs();
     let mut traces = Vec::with_capacity(points.len());
     for (_, p) in &points {
-        let trace = super::run::trace(p)?;
+        let trace = super::build::trace(p)?;
         fits_the_model(p, &trace)?;
         traces.push(Arc::new(trace));
     }
@@ -389,18 +377,6 @@ fn fits_the_model(s: &Scenario, trace: &Trace) -> Result<(), TraceError> {
         ));
     }
     Ok(())
-}
-
-/// How one policy's outputs compare with vanilla's.
-#[derive(Clone, Debug, PartialEq)]
-pub struct OutputCheck {
-    pub policy: &'static str,
-    /// Requests completed under both.
-    pub requests: usize,
-    /// Largest difference of first-token logits over those requests.
-    pub max_logit_diff: f32,
-    /// The first request whose tokens differ, or whose logits differ beyond the tolerance.
-    pub problem: Option<String>,
 }
 
 /// Compares every policy of `runs` (one sweep point) with its `vanilla` run, request by

@@ -4,23 +4,26 @@
 //!
 //! Actors ([`router::Router`], [`instance::Instance`], [`store::server::StoreServer`],
 //! [`store::metadata::Metadata`]) exchange [`Msg`]; [`policy`] holds the strategies.
-//! [`run`] builds them and simulates them; [`live`] runs the same actors on the live host
-//! with real K/V on candle.
+//! [`build`] builds them once; three runners run them: [`sim`] on the simulator, [`live`] on
+//! the live host in one process with real K/V on candle, [`cluster`] across processes.
+//! [`outcome`] is what a run gives, whichever ran it.
 
-pub(crate) mod block_index;
-pub(crate) mod block_pool;
+pub mod build;
 pub mod chaos;
 pub mod cluster;
 pub mod instance;
+pub mod kv;
 pub mod kv_routing;
 pub mod live;
+pub mod metadata;
 pub mod msg;
+pub mod outcome;
 pub mod policy;
-pub mod prompt_hashes;
 pub mod router;
-pub mod run;
 pub mod scenario;
+pub mod sim;
 pub mod store;
+pub mod store_server;
 pub mod wire;
 
 pub use msg::Msg;

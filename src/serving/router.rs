@@ -4,9 +4,9 @@
 //! Assignment strategies: `round-robin` cycles through the instances; `least-loaded` picks the
 //! instance with the fewest requests the router has sent it that are not yet finished (ties go
 //! to the lowest index); `kv-aware` weighs the prompt blocks each instance would have to
-//! prefill against its load ([`super::kv_routing`]). The router only knows what it has been told by messages, as a real
-//! router would. Arrivals are chained timers (one pending at a time), so the event queue
-//! holds the requests in flight, not the whole trace.
+//! prefill against its load ([`super::kv_routing`]). The router only knows what it has been
+//! told by messages, as a real router would. Arrivals are chained timers (one pending at a
+//! time), so the event queue holds the requests in flight, not the whole trace.
 //!
 //! Faults: when told that a node is down ([`Msg::NodeDown`]), the router stops sending to the
 //! node's instances and fails their requests over: a request that has not streamed a token yet
@@ -17,9 +17,9 @@
 use std::sync::Arc;
 
 use super::Msg;
+use super::kv::prompt_hashes::PromptHashes;
 use super::kv_routing::KvRouting;
 use super::msg::Completion;
-use super::prompt_hashes::PromptHashes;
 use crate::actor::{Actor, ActorId, Context, unexpected};
 use crate::metrics::{Report, RequestRecord};
 use crate::units::Nanos;
@@ -277,10 +277,6 @@ impl Router {
     }
 }
 
-/// Arrivals between the hint for a request's record and its first write (see the arrival in
-/// [`Router::handle`]).
-const RECORDS_AHEAD: usize = 4;
-
 impl Actor<Msg> for Router {
     fn start(&mut self, ctx: &mut dyn Context<Msg>) {
         self.schedule_arrival(0, ctx);
@@ -297,15 +293,6 @@ impl Actor<Msg> for Router {
                 // timer's granularity (tokio's is a millisecond). Measuring from the trace's
                 // time would charge the load generator's lateness to the served request.
                 self.records[req.0 as usize].arrival = ctx.now();
-                // Arrivals come in id order: the record a few arrivals on is asked for now (a
-                // cache hint; at cluster scale the records are hundreds of MiB, and this
-                // first write to each was a cache miss).
-                if let Some(ahead) = self.records.get(req.0 as usize + RECORDS_AHEAD) {
-                    crate::sim::prefetch::bytes(
-                        (ahead as *const RequestRecord).cast(),
-                        std::mem::size_of::<RequestRecord>(),
-                    );
-                }
                 self.dispatch(req, "no live instance", ctx);
                 self.schedule_arrival(req.0 + 1, ctx);
             }
@@ -334,30 +321,6 @@ impl Actor<Msg> for Router {
         }
     }
 
-    /// A message about a request in flight reads its assignment first (`Router::current`):
-    /// at cluster scale a cache miss at nearly every first token and end (`perf`,
-    /// local-prefix at 2,240 GPUs: 2.5 % of the samples, 0.6 % with this hint): an
-    /// assignment is read at the arrival and then seconds of simulated time later, and the
-    /// instances' events in between evict it.
-    ///
-    /// An arrival dealt round robin goes to the next instance in turn (or, if that one is
-    /// down, a later one): the router names it, and the host asks for that instance's
-    /// network links, which the request's submission crosses (cold at 2,240 GPUs).
-    fn ahead(&self, msg: &Msg) -> Option<ActorId> {
-        let req = match msg {
-            Msg::FirstToken(req, _) | Msg::Rejected(req, _) => *req,
-            Msg::Finished(c) => c.req,
-            Msg::Arrival(_) if self.strategy == RouterStrategy::RoundRobin => {
-                return self.instances.get(self.next_rr).copied();
-            }
-            _ => return None,
-        };
-        if let Some(a) = self.assigned.get(req.0 as usize) {
-            crate::sim::prefetch::line((a as *const u32).cast());
-        }
-        None
-    }
-
     fn check(&self) -> Result<(), String> {
         let in_flight: u64 = self.outstanding.iter().map(|&n| n as u64).sum();
         if in_flight != self.in_flight {
@@ -378,7 +341,7 @@ impl Actor<Msg> for Router {
             );
             return;
         }
-        // Moved out, not copied (see `Actor::report`): a copy was as many fresh pages.
+        // Moved out, not copied (see `Actor::report`): a copy would be as many fresh pages.
         // The pending firsts and ends go with them, so that the router stays consistent.
         let mut records = std::mem::take(&mut self.records);
         write_pending(&mut records, &self.firsts, &self.ends);
@@ -559,73 +522,6 @@ mod tests {
             finish(&mut router, &mut ctx, r, 600 + k as u64);
         }
         router
-    }
-
-    #[test]
-    fn hints_ahead_of_any_message_change_nothing() {
-        // Messages about requests of the trace, past it, and of kinds the hint ignores.
-        let mut router = story_router(3);
-        let end = |req: u32| {
-            Msg::Finished(Box::new(Completion {
-                req: ReqId(req),
-                instance: 1,
-                admitted_at: Nanos(1),
-                reused: [0; Tier::ALL.len()],
-                loaded_bytes: [0; Tier::ALL.len()],
-                preemptions: 0,
-            }))
-        };
-        let msgs = [
-            Msg::FirstToken(ReqId(3), 0),
-            Msg::FirstToken(ReqId(u32::MAX), 0),
-            Msg::Rejected(ReqId(12), 9),
-            end(2),
-            end(u32::MAX),
-            Msg::Arrival(ReqId(1)),
-            Msg::WorkDone,
-            Msg::NodeDown(1),
-        ];
-        for m in &msgs {
-            router.ahead(m);
-        }
-        let mut hinted = Report::default();
-        router.report(&mut hinted);
-        assert!(hinted.violations.is_empty(), "{:?}", hinted.violations);
-        assert_eq!(hinted.records, story(3).records);
-    }
-
-    #[test]
-    fn an_arrival_dealt_round_robin_names_the_instance_it_goes_to() {
-        let instances: Vec<ActorId> = (1..=4).map(ActorId).collect();
-        let mut router = Router::new(
-            trace(9),
-            instances,
-            vec![0, 0, 1, 1],
-            RouterStrategy::RoundRobin,
-        );
-        let mut ctx = Script {
-            now: Nanos::ZERO,
-            sent: Vec::new(),
-            timers: Vec::new(),
-            rng: Stream::new(1, 1),
-        };
-        for r in 0..9 {
-            ctx.now = Nanos(u64::from(r) * 10);
-            let named = router.ahead(&Msg::Arrival(ReqId(r)));
-            router.handle(Msg::Arrival(ReqId(r)), &mut ctx);
-            let submitted: Vec<ActorId> = (ctx.sent.drain(..))
-                .filter_map(|(to, m)| matches!(m, Msg::Submit(_)).then_some(to))
-                .collect();
-            assert_eq!(
-                submitted,
-                [named.expect("round robin knows")],
-                "request {r}"
-            );
-        }
-        // Other messages, and other strategies, name nobody.
-        assert_eq!(router.ahead(&Msg::FirstToken(ReqId(0), 0)), None);
-        router.strategy = RouterStrategy::LeastLoaded;
-        assert_eq!(router.ahead(&Msg::Arrival(ReqId(0))), None);
     }
 
     #[test]

@@ -4,9 +4,10 @@
 //! A message is the [postcard] serialization (postcard 1.x: varint integers, length-prefixed
 //! sequences, enums as a varint variant index, structs as their fields in order) of the
 //! mirror enum `WireMsg` below. Its small values are the serving system's own types
-//! ([`Completion`], [`Lookup`], [`LoadPlan`] with its [`crate::serving::store::directory::LoadGroup`]s,
-//! [`Applied`] with its [`crate::serving::store::directory::Change`]s), whose field and
-//! variant orders in their files are part of the format. K/V travels as [`WireKv`]:
+//! ([`Completion`], [`Lookup`], [`LoadPlan`] with its
+//! [`crate::serving::store::directory::LoadGroup`]s, [`Applied`] with its
+//! [`crate::serving::store::directory::Change`]s), whose field and variant orders in their
+//! files are part of the format. K/V travels as [`WireKv`]:
 //!
 //! ```text
 //! layers      start, end          (varints)

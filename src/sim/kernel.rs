@@ -11,38 +11,24 @@
 //! are pending, their keys fit in the processor's first-level cache, and a pop walks half as many
 //! levels as in a binary heap. The heap is laid out so that the four children of a node are one
 //! 64-byte line (the root sits last in the first line, see [`Heap`]): a level of a sift reads one
-//! line, where an unaligned layout straddles two three times in four (at 2,240 GPUs the heap's
-//! levels below the first few are out of the first level cache, and its misses were the largest
-//! share of the run's). Past the last key, the lines hold the largest key, so the earliest of four
-//! children is taken without bounds (`cargo bench --bench kernel`: faster with a thousand to a
-//! hundred thousand events pending, where simulations run, and about a fifth slower with a million,
-//! not yet explained). A sift down asks for the next level's four lines while it compares a level,
-//! so that the cold levels' misses overlap the comparisons (the bench, one build against the other:
-//! 1,000 pending 23.1 -> 21.9 M events/s, 100,000 11.2 -> 13.6, 1,000,000 3.9 -> 4.9). Tried and
-//! left out (see `docs/performance.md`): a radix heap (its keys moved down many buckets in their
-//! lives: 1,000 pending 21.8 -> 13-15 M events/s), and leaving the popped root empty for the next
-//! schedule to fill (1.4 % fewer instructions in `sim_scale`'s local-prefix round, no faster: a
-//! filling key still sank far, 211 instructions a sift against the last key's 367, and two events
-//! in five schedule nothing), in the twenty-eighth session; in the twenty-ninth, a front slot
-//! beside the heap for an event earlier than every pending one (a third of the schedules at 2,240
-//! GPUs), popped without a sift: 3.2 % fewer instructions in that round, no faster there, and
-//! slower in four alternating runs at 32 GPUs (a branch on the slot in every pop, schedule and
-//! hint). The message is read once, when its event is popped. The slot's target lives apart from
-//! the messages, in an array of 4 bytes a slot, so that the host can learn the next event's actor
-//! (to ask for its memory early) without a cache miss on a cold message. Freed slots are reused
-//! last-freed first, so the slots in use stay few and warm.
+//! line, where an unaligned layout straddles two three times in four (at cluster scale the heap's
+//! levels below the first few are out of the first-level cache, and their misses are a large share
+//! of the run's). Past the last key, the lines hold the largest key, so the earliest of four
+//! children is taken without a bounds check. A sift down asks for the next level's four lines while
+//! it compares a level, so that the cold levels' misses overlap the comparisons. The message is
+//! read once, when its event is popped. The slot's target lives apart from the messages, in an
+//! array of 4 bytes a slot, so that the host can learn the next event's actor (to ask for its
+//! memory early) without a cache miss on a cold message. Freed slots are reused last-freed first,
+//! so the slots in use stay few and warm.
 //!
 //! Limits (DESIGN contract 6): a run ends with a typed [`SimError`] naming the seed when it
 //! processes more than `max_events` events, when an event lies beyond `max_time`, or when more
 //! than `max_pending` events wait at once. The key's layout bounds both counts
 //! ([`MAX_EVENTS`], [`MAX_PENDING`]): the kernel holds any limit above them to them.
 
+use super::queue::{ARITY, Heap, Key, SLOT_BITS, SLOT_MASK};
 use crate::actor::ActorId;
 use crate::units::Nanos;
-
-/// Bits of a key that name the slot of its event's message.
-const SLOT_BITS: u32 = 24;
-const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
 
 /// Most events pending at once (16.7 M): more cannot be told apart by their keys' slots. A
 /// limit above it is held to it.
@@ -95,103 +81,6 @@ pub struct Event<M> {
     pub seq: u64,
     pub target: ActorId,
     pub msg: M,
-}
-
-/// A pending event's place in the heap: ordered by time, then by sequence number. One
-/// 128-bit number: the time in the high 64 bits, then the sequence number (40 bits), then
-/// the slot (no two keys share a sequence number). So two keys compare in one comparison
-/// without a branch, and the heap picks the earliest of four children without mispredicted
-/// jumps (the pop's sift was a tenth of a run at cluster scale).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Key(u128);
-
-impl Key {
-    fn new(time: u64, tag: u64) -> Key {
-        Key(u128::from(time) << 64 | u128::from(tag))
-    }
-    fn time(self) -> u64 {
-        (self.0 >> 64) as u64
-    }
-    fn tag(self) -> u64 {
-        self.0 as u64
-    }
-    fn seq(self) -> u64 {
-        self.tag() >> SLOT_BITS
-    }
-    fn slot(self) -> usize {
-        (self.tag() & SLOT_MASK) as usize
-    }
-}
-
-/// Children of a heap node.
-const ARITY: usize = 4;
-
-/// The children of one heap node: one cache line.
-#[derive(Clone, Copy, Debug)]
-#[repr(C, align(64))]
-struct Line([Key; ARITY]);
-
-/// Keys past the last, so that a node's missing children are never the earliest.
-const NO_KEY: Key = Key(u128::MAX);
-
-/// A 4-ary min-heap of keys whose node `i` sits at position `i + ARITY - 1` of an array of
-/// 64-byte lines: the root is the last key of line 0, and the children of node `i` (`4i + 1`
-/// to `4i + 4`) are the whole of line `i + 1`. Every position from the last key on holds
-/// [`NO_KEY`].
-#[derive(Debug, Default)]
-struct Heap {
-    lines: Vec<Line>,
-    len: usize,
-}
-
-impl Heap {
-    const PAD: usize = ARITY - 1;
-
-    fn len(&self) -> usize {
-        self.len
-    }
-
-    fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    fn get(&self, i: usize) -> Key {
-        let p = i + Self::PAD;
-        self.lines[p / ARITY].0[p % ARITY]
-    }
-
-    fn set(&mut self, i: usize, k: Key) {
-        let p = i + Self::PAD;
-        self.lines[p / ARITY].0[p % ARITY] = k;
-    }
-
-    fn first(&self) -> Option<Key> {
-        (self.len > 0).then(|| self.get(0))
-    }
-
-    /// Appends `k` as the last node (the caller sifts it up).
-    fn push_last(&mut self, k: Key) {
-        let p = self.len + Self::PAD;
-        if p / ARITY == self.lines.len() {
-            self.lines.push(Line([NO_KEY; ARITY]));
-        }
-        self.len += 1;
-        self.set(self.len - 1, k);
-    }
-
-    /// Removes the last node and returns its key.
-    fn pop_last(&mut self) -> Option<Key> {
-        let i = self.len.checked_sub(1)?;
-        let k = self.get(i);
-        self.set(i, NO_KEY);
-        self.len = i;
-        Some(k)
-    }
-
-    /// The children of node `i`: [`NO_KEY`] where there is none.
-    fn children(&self, i: usize) -> &[Key; ARITY] {
-        &self.lines[i + 1].0
-    }
 }
 
 /// The event queue and clock.
@@ -254,35 +143,15 @@ impl<M> Kernel<M> {
     }
     /// The target of the earliest pending event (the next one, unless an earlier one is
     /// scheduled first). Asks the processor for that event's message slot too, which its pop
-    /// reads and empties (a cache hint: see [`crate::sim::prefetch`]).
+    /// reads and empties (a cache hint: see [`crate::cpu::prefetch`]).
     pub fn next_target(&self) -> Option<ActorId> {
         let key = self.heap.first()?;
         let slot = key.slot();
-        crate::sim::prefetch::bytes(
+        crate::cpu::prefetch::bytes(
             self.slots.as_ptr().wrapping_add(slot).cast(),
             std::mem::size_of::<Option<M>>(),
         );
         Some(self.targets[slot])
-    }
-
-    /// The target of the second earliest pending event (the earliest of the root's children,
-    /// one line): what the event after the next is likely to be, unless the next schedules an
-    /// earlier one. For cache hints only.
-    pub fn second_target(&self) -> Option<ActorId> {
-        if self.heap.len() < 2 {
-            return None;
-        }
-        let kids = self.heap.children(0);
-        let first = kids.iter().copied().min().unwrap_or(NO_KEY);
-        Some(self.targets[first.slot()])
-    }
-
-    /// The earliest pending event's target and message (the next event, unless an earlier
-    /// one is scheduled first). For cache hints only: read after an event, when
-    /// [`Kernel::next_target`]'s hint for the slot has landed.
-    pub fn peek(&self) -> Option<(ActorId, &M)> {
-        let slot = self.heap.first()?.slot();
-        Some((self.targets[slot], self.slots[slot].as_ref()?))
     }
 
     /// Schedules `msg` for `target` at `time` (never before now).
@@ -348,7 +217,7 @@ impl<M> Kernel<M> {
             if below < n {
                 let lines = heap.lines.as_ptr();
                 for c in 0..ARITY {
-                    crate::sim::prefetch::line(lines.wrapping_add(first + c + 1).cast());
+                    crate::cpu::prefetch::line(lines.wrapping_add(first + c + 1).cast());
                 }
             }
             // The earliest child, chosen by selects rather than jumps; a missing child is
@@ -448,21 +317,20 @@ mod tests {
     }
 
     #[test]
-    fn peek_names_the_next_event_and_changes_nothing() {
+    fn next_target_names_the_next_event_and_changes_nothing() {
         let mut k = Kernel::new(Limits::default(), 1);
-        assert!(k.peek().is_none());
+        assert!(k.next_target().is_none());
         k.schedule(Nanos(10), ActorId(3), "late");
         k.schedule(Nanos(5), ActorId(7), "early");
         k.schedule(Nanos(5), ActorId(2), "tie");
-        assert_eq!(k.peek(), Some((ActorId(7), &"early")));
-        assert_eq!(k.second_target(), Some(ActorId(2)));
+        assert_eq!(k.next_target(), Some(ActorId(7)));
         let first = k.pop().unwrap().unwrap();
         assert_eq!((first.target, first.msg), (ActorId(7), "early"));
-        assert_eq!(k.peek(), Some((ActorId(2), &"tie")));
+        assert_eq!(k.next_target(), Some(ActorId(2)));
         assert_eq!(k.pop().unwrap().unwrap().msg, "tie");
-        assert_eq!(k.peek(), Some((ActorId(3), &"late")));
+        assert_eq!(k.next_target(), Some(ActorId(3)));
         assert_eq!(k.pop().unwrap().unwrap().msg, "late");
-        assert!(k.peek().is_none());
+        assert!(k.next_target().is_none());
     }
 
     #[test]
@@ -524,12 +392,6 @@ mod tests {
                 assert_eq!(k.pending(), reference.len());
                 let next = reference.peek().map(|Reverse(e)| ActorId(e.2));
                 assert_eq!(k.next_target(), next, "seed {seed}, step {step}");
-                assert_eq!(k.peek().map(|(t, _)| t), next, "seed {seed}, step {step}");
-                // The hint for the event after next names the second earliest exactly.
-                let first = reference.pop();
-                let second = reference.peek().map(|Reverse(e)| ActorId(e.2));
-                reference.extend(first);
-                assert_eq!(k.second_target(), second, "seed {seed}, step {step}");
             }
             while let Some(Reverse(want)) = reference.pop() {
                 let e = k.pop().unwrap().expect("as many events as the reference");

@@ -10,6 +10,7 @@
 //! lengths), so their results differ only by what the policies do.
 
 mod error;
+pub mod output;
 pub mod qa;
 pub mod replay;
 pub mod reuse;
@@ -41,6 +42,10 @@ pub struct ReqId(pub u32);
     Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
 )]
 pub struct SegId(pub u32);
+
+/// Most tokens the stored segments of a trace may hold together (a canonical trace file's
+/// `tokens` segments, a reuse pool's contexts).
+pub const MAX_ARENA_TOKENS: u64 = 1 << 31;
 
 /// Token ids of every segment: stored back to back, or, for a segment of pseudo tokens (a
 /// block of a trace that gives only block ids, such as Mooncake's), kept as its key and length
@@ -113,19 +118,6 @@ impl TokenArena {
             .binary_search_by_key(&id, |p| p.0)
             .ok()
             .map(|i| self.pseudo[i].1)
-    }
-
-    /// Where segment `id`'s entry of the arena (its start) lies, which reading the segment
-    /// reads first: for a cache hint (`serving::prompt_hashes`); never dereferenced.
-    pub fn entry_addr(&self, id: SegId) -> *const u8 {
-        self.starts.as_ptr().wrapping_add(id.0 as usize).cast()
-    }
-
-    /// Where segment `id`'s stored tokens start (it reads the segment's entry), for a cache
-    /// hint; `None` for an id past the last.
-    pub fn tokens_addr(&self, id: SegId) -> Option<*const u8> {
-        let start = *self.starts.get(id.0 as usize)?;
-        Some(self.tokens.as_ptr().wrapping_add(start as usize).cast())
     }
 
     /// Stored tokens of segment `id` (none for a pseudo segment).
@@ -336,27 +328,6 @@ mod tests {
         // One-token blocks: equal up to token 61, different from token 62 on.
         assert_eq!(a[..62], b[..62]);
         assert_ne!(a[62], b[62]);
-    }
-
-    #[test]
-    fn hint_addresses_are_those_of_the_entry_and_the_tokens_and_none_past_the_last() {
-        let mut arena = TokenArena::default();
-        let first = arena.push(0..40);
-        let stored = arena.push(40..50);
-        let pseudo = arena.push_pseudo(7, 600, 1000);
-        assert_eq!(arena.entry_addr(stored), arena.starts[1..].as_ptr().cast());
-        assert_eq!(arena.tokens_addr(first), Some(arena.tokens.as_ptr().cast()));
-        let tens = arena.tokens[40..].as_ptr().cast();
-        assert_eq!(arena.tokens_addr(stored), Some(tens));
-        // A pseudo segment stores no tokens: its start is where the stored ones end.
-        assert_eq!(
-            arena.tokens_addr(pseudo),
-            Some(arena.tokens.as_ptr_range().end.cast())
-        );
-        assert_eq!(arena.tokens_addr(SegId(3)), None);
-        assert_eq!(arena.tokens_addr(SegId(u32::MAX)), None);
-        // Only an address: nothing is read there.
-        let _ = arena.entry_addr(SegId(u32::MAX));
     }
 }
 

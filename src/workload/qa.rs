@@ -24,6 +24,7 @@
 //! configured distribution.
 //! Token ids are uniform over the model's vocabulary (ids 0-2 are reserved for special tokens).
 
+use super::output::OutputDist;
 use super::reuse::{self, Arrivals, PoolContext, Reuse};
 use super::{ReqId, Request, SegId, TokenArena, Trace};
 use crate::rng::{Stream, streams};
@@ -57,34 +58,6 @@ impl ContextMode {
     /// (`None`: no context is open): windows are cut greedily.
     pub fn joins(self, open: Option<u32>, len: u32) -> bool {
         matches!((self, open), (ContextMode::Window { tokens }, Some(t)) if t + len <= tokens)
-    }
-}
-
-/// Output lengths in tokens.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum OutputDist {
-    Fixed { tokens: u32 },
-    Uniform { min: u32, max: u32 },
-    LogNormal { median: f64, sigma: f64, max: u32 },
-}
-
-impl OutputDist {
-    /// The longest output the distribution gives.
-    pub fn max(&self) -> u32 {
-        match *self {
-            OutputDist::Fixed { tokens } => tokens,
-            OutputDist::Uniform { max, .. } | OutputDist::LogNormal { max, .. } => max,
-        }
-    }
-
-    pub fn sample(&self, rng: &mut Stream) -> u32 {
-        match *self {
-            OutputDist::Fixed { tokens } => tokens,
-            OutputDist::Uniform { min, max } => rng.range_inclusive(min as u64, max as u64) as u32,
-            OutputDist::LogNormal { median, sigma, max } => {
-                (libm::round(rng.lognormal(median, sigma)) as u32).clamp(1, max)
-            }
-        }
     }
 }
 

@@ -39,7 +39,7 @@
 
 use std::collections::VecDeque;
 
-use super::qa::OutputDist;
+use super::output::OutputDist;
 use super::{Request, SegId, TokenArena};
 use crate::rng::{Stream, streams};
 use crate::units::Nanos;
@@ -62,7 +62,7 @@ pub const MAX_MIN_CONTEXT_FRACTION: f64 = 0.75;
 pub const MAX_GROUPS_PER_CONTEXT: usize = 8;
 /// Most tokens a pool's contexts, or a run's generated answers, may hold (those of a replayed
 /// trace's distinct blocks: 8 GiB of token ids).
-pub const MAX_POOL_TOKENS: u64 = crate::workload::replay::canonical::MAX_ARENA_TOKENS;
+pub const MAX_POOL_TOKENS: u64 = super::MAX_ARENA_TOKENS;
 /// Mean think time between turns when the scenario gives none, in seconds.
 pub const DEFAULT_TURN_GAP_S: f64 = 10.0;
 

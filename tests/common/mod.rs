@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use meshsim::Scenario;
 use meshsim::hash::{ROOT_PARENT, block_hash};
-use meshsim::serving::run::{PolicyRun, simulate_all, trace, write_results};
+use meshsim::serving::build::trace;
+use meshsim::serving::outcome::{PolicyRun, write_results};
+use meshsim::serving::sim::simulate_all;
 use meshsim::serving::store::directory::TensorId;
 
 pub fn data(name: &str) -> PathBuf {
@@ -86,7 +88,7 @@ pub fn shared_datasets_in(dir: &Path) -> PathBuf {
 }
 
 /// The hardware and model of the small live serving scenarios: 2 nodes x 2 "GPUs" that are
-/// shares of this machine's CPU, tiny-32k in f32 (scenario text, up to `[serving]`).
+/// shares of the host's CPU, tiny-32k in f32 (scenario text, up to `[serving]`).
 pub const LIVE_TINY_2X2: &str = r#"[hardware]
 nodes = 2
 gpus_per_node = 2

@@ -17,12 +17,8 @@ pub struct Reschedule {
     pub at: Nanos,
 }
 
-/// A link's record: one 64-byte line (`repr(C)`, aligned), so that a small message, which
-/// reads a few links of its path (`Flows::mouse`), misses once a link. Unaligned, the records
-/// of a `Vec` straddled two lines seven times in eight (at 2,240 GPUs the links are out of
-/// the caches, and the read of a link was the largest part of `Network::start`).
+/// A link's record.
 #[derive(Clone, Debug)]
-#[repr(C, align(64))]
 struct Link {
     /// Achievable bandwidth at full speed, bytes/s.
     capacity: f64,
@@ -38,21 +34,14 @@ struct Link {
     unfixed: u32,
 }
 
-// One line a link: a field added past 64 bytes would make every link two lines.
-const _: () = assert!(std::mem::size_of::<Link>() == 64);
-
 impl Link {
     fn bandwidth(&self) -> f64 {
         self.capacity * self.factor
     }
 }
 
-/// A flow's record: two 64-byte lines, aligned (`repr(C)`), with what the re-share's walk
-/// over a component reads and marks (its path, its stamp, its rates) in the first; its
-/// progress (bytes left, since when, latency) in the second. Unaligned, the records' 88
-/// bytes in a `Vec` spread over two or three lines.
+/// A flow's record: its path, its rates and its progress (bytes left, since when, latency).
 #[derive(Clone, Debug)]
-#[repr(C, align(64))]
 struct Flow {
     links: [u32; super::MAX_PATH],
     len: u8,
@@ -71,10 +60,6 @@ struct Flow {
     latency: Nanos,
 }
 
-// Two lines a flow, what the walk reads in the first.
-const _: () = assert!(std::mem::size_of::<Flow>() == 128);
-const _: () = assert!(std::mem::offset_of!(Flow, rate) + 8 <= 64);
-
 /// Every link's bandwidth and the flows sharing them.
 #[derive(Debug)]
 pub(super) struct Flows {
@@ -89,8 +74,8 @@ pub(super) struct Flows {
     comp_flows: Vec<FlowId>,
     /// Scratch: links by share, then id ([`share_key`]).
     heap: BinaryHeap<Reverse<u128>>,
-    /// Tests only: progressive filling pops every entry, as it did before it stopped once
-    /// every flow was fixed (the reference the early stop is checked against).
+    /// Tests only: progressive filling pops every entry instead of stopping once every flow
+    /// is fixed (the reference the early stop is checked against).
     #[cfg(test)]
     exhaustive: bool,
 }
@@ -163,13 +148,6 @@ impl Flows {
 
     pub(super) fn active(&self) -> usize {
         self.active
-    }
-
-    /// Where link `l`'s record lies (one cache line), if there is such a link: for a cache
-    /// hint, which the simulator asks for (this layer knows no hints).
-    #[inline]
-    pub(super) fn link_addr(&self, l: usize) -> Option<*const u8> {
-        self.links.get(l).map(|link| (&raw const *link).cast())
     }
 
     /// When a small message of `bytes` that starts at `now` has crossed `path` at the fair

@@ -299,37 +299,6 @@ impl Network {
         path
     }
 
-    /// The first of the two links (out, in) of each direction pair at `place`'s end of a
-    /// transfer to or from another node, for [`Network::end_link_addrs`]: a GPU's PCIe pair
-    /// and its NIC's pair (Tx, Rx); `u32::MAX` for none (other places, whose links are few
-    /// and warm), which names no link.
-    pub fn end_pairs(&self, place: Place) -> [u32; 2] {
-        match place {
-            Place::Gpu { node, gpu } if self.valid(place) => {
-                let pcie = self.pcie_base() + 2 * self.gpu_index(node, gpu);
-                let nic = self.nic_link(place, Place::Frontend, Dir::Tx);
-                [pcie as u32, nic as u32]
-            }
-            _ => [u32::MAX; 2],
-        }
-    }
-
-    /// Calls `ask` with where each link of the pairs `end_pairs` gave lies, for a cache hint
-    /// (the simulator's host asks the processor for them): at 2,240 GPUs a GPU's links are
-    /// cold when it sends or is sent a message, and reading them was most of
-    /// `Network::start`'s time.
-    #[inline]
-    pub fn end_link_addrs(&self, pairs: [u32; 2], mut ask: impl FnMut(*const u8)) {
-        for first in pairs {
-            let first = first as usize;
-            for l in [first, first.wrapping_add(1)] {
-                if let Some(at) = self.flows.link_addr(l) {
-                    ask(at);
-                }
-            }
-        }
-    }
-
     /// Moves `bytes` from `from` to `to`, starting at `now`.
     pub fn transfer(&mut self, now: Nanos, from: Place, to: Place, bytes: u64) -> Transfer {
         if !self.valid(from) || !self.valid(to) {

@@ -2,7 +2,7 @@
 //! cut links.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap};
+use std::collections::BinaryHeap;
 
 use super::*;
 use crate::hardware::*;
@@ -429,39 +429,4 @@ fn random_flows(cases: usize, stamp: Option<u32>) {
             assert_max_min(&net);
         }
     }
-}
-
-#[test]
-fn a_gpus_end_pairs_name_the_links_its_messages_cross_at_its_end() {
-    // Two NICs a node, so that a GPU's NIC is not always its node's first.
-    let mut spec = cluster(3);
-    spec.network.nics_per_node = 2;
-    let net = Network::new(&spec);
-    // The links of messages both ways between `a` and `b`.
-    let crossed = |a: Place, b: Place| -> BTreeSet<u32> {
-        let mut links: BTreeSet<u32> = net.path(a, b).links().iter().copied().collect();
-        links.extend(net.path(b, a).links().iter().copied());
-        links
-    };
-    for node in 0..3 {
-        for gpu in 0..2 {
-            let g = Place::Gpu { node, gpu };
-            let other = Place::Gpu {
-                node: (node + 1) % 3,
-                gpu: 1 - gpu,
-            };
-            // The frontend and a GPU of another node share no link: what messages to both
-            // cross in common are the links at `g`'s end.
-            let ends: BTreeSet<u32> = crossed(g, Place::Frontend)
-                .intersection(&crossed(g, other))
-                .copied()
-                .collect();
-            let hinted: BTreeSet<u32> = net.end_pairs(g).iter().flat_map(|&p| [p, p + 1]).collect();
-            assert_eq!(hinted, ends, "{g:?}");
-            assert_eq!(hinted.len(), 4, "{g:?}: PCIe and NIC, both ways");
-        }
-    }
-    assert_eq!(net.end_pairs(Place::Frontend), [u32::MAX; 2]);
-    assert_eq!(net.end_pairs(Place::Host { node: 0 }), [u32::MAX; 2]);
-    assert_eq!(net.end_pairs(Place::Gpu { node: 3, gpu: 0 }), [u32::MAX; 2]);
 }

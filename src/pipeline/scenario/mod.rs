@@ -1,5 +1,5 @@
-//! Pipeline scenarios: one TOML file with a top-level `[pipeline]` table (see the README,
-//! "Pipeline scenarios").
+//! Pipeline scenarios: one TOML file with a top-level `[pipeline]` table (see docs/live.md,
+//! "Pipeline scenarios: simulated and live").
 //!
 //! ```toml
 //! name = "pipeline_small_2shard"
@@ -67,8 +67,7 @@ pub const MAX_TRACE_TOKENS: u64 = 1 << 26;
 pub const MAX_LIVE_TOKENS: u32 = 8192;
 /// Largest model a live run loads: its f32 weights, in bytes (16 GiB).
 pub const MAX_LIVE_WEIGHT_BYTES: u64 = 16 << 30;
-/// Longest wall-clock limit of a live run (a week).
-pub const MAX_WALL_S: f64 = 7.0 * 86_400.0;
+pub use crate::scenario::MAX_WALL_S;
 
 /// Where the shards' step durations come from in a simulation.
 #[derive(Clone, Debug, PartialEq)]
@@ -183,13 +182,6 @@ pub fn with_live_mode(text: &str) -> String {
         }
     }
     out
-}
-
-/// Whether the file at `path` is a pipeline scenario (an unreadable file is not; loading it
-/// then reports why).
-pub fn is_pipeline_file(path: &Path) -> bool {
-    crate::text::read_capped_string(path, crate::text::MAX_CONFIG_BYTES)
-        .is_ok_and(|t| is_pipeline(&t))
 }
 
 /// Whether scenario `text` is a pipeline scenario (it has a top-level `pipeline` table).

@@ -10,13 +10,13 @@ use super::{
     MAX_WALL_S, PipelineWorkload,
 };
 use crate::exec::TransformerConfig;
+use crate::fault::Fault;
 use crate::hardware::LinkSpec;
 use crate::model::profile::Profile;
 use crate::pipeline::RestartAt;
 use crate::pipeline::shard::{CacheLimits, DecodeMode};
 use crate::scenario::hardware::gpu_spec;
 use crate::scenario::{Check, MAX_REQUESTS, ScenarioError};
-use crate::sim::fault::Fault;
 use crate::sim::kernel::{Limits, MAX_EVENTS};
 use crate::units::{GB, Nanos};
 

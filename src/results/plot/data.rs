@@ -232,8 +232,8 @@ impl Results {
     /// [`Results::load`] for a folder whose `requests.csv` was just written from runs still
     /// in memory: their latencies are given (each run's [`Latencies::of_run`], in the order of
     /// its rows) instead of read back from the rows, which gives the same results in a
-    /// fraction of the time (at a million requests per policy, reading the rows back took
-    /// longer than drawing). Pipeline results, whose TPS series come from the rows too, are
+    /// fraction of the time (at a million requests per policy, reading the rows back costs
+    /// more than drawing). Pipeline results, whose TPS series come from the rows too, are
     /// read from the files.
     pub fn load_with(dir: &Path, runs: Vec<Latencies>) -> Result<Results, PlotError> {
         let scenario = read_scenario(dir);

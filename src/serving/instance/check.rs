@@ -1,4 +1,5 @@
-//! The invariants of a serving instance, checked while a run goes on ([`crate::actor::Actor::check`]).
+//! The invariants of a serving instance, checked while a run goes on
+//! ([`crate::actor::Actor::check`]).
 
 use super::*;
 
@@ -68,7 +69,7 @@ impl Instance {
         let in_use = self.pool.num_blocks() - self.pool.free_blocks();
         let held = if self.real {
             // Blocks with ids: the distinct ones.
-            let ids: std::collections::BTreeSet<crate::serving::block_pool::BlockId> = admitted()
+            let ids: std::collections::BTreeSet<crate::serving::kv::BlockId> = admitted()
                 .flat_map(|s| s.blocks.ids().iter().copied())
                 .collect();
             ids.len() as u64

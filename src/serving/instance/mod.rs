@@ -9,8 +9,9 @@
 //! its blocks are released and it goes back to the head of the queue, to be recomputed later
 //! (vLLM's recompute preemption). If nobody was preempted, waiting requests are admitted in
 //! arrival order while fewer than `max_num_seqs` run (or are parked, see below), budget is
-//! left, and their first chunk's blocks are free. A request whose prompt and output could never fit in the whole KV memory,
-//! or that finds `max_waiting` requests already queued, is rejected.
+//! left, and their first chunk's blocks are free. A request whose prompt and output could
+//! never fit in the whole KV memory, or that finds `max_waiting` requests already queued, is
+//! rejected.
 //!
 //! **Prefix reuse.** If the policy looks in GPU memory, an admitted request first takes the
 //! longest run of its prompt's leading full blocks that the pool holds (the block pool); those
@@ -83,7 +84,7 @@ use std::sync::Arc;
 
 use running::Running;
 
-use super::block_pool::{BlockPool, Blocks};
+use super::kv::{BlockPool, Blocks};
 use super::msg::{Completion, Lookup, Msg};
 use crate::actor::{Actor, ActorId, Context, Hot, Medium, Work, unexpected};
 use crate::backend::{BatchBackend, LoadItem, Member, Sampled};
@@ -91,8 +92,8 @@ use crate::hardware::Place;
 use crate::metrics::Tier;
 use crate::metrics::{InstanceStats, Report};
 use crate::model::cost::BatchShape;
+use crate::serving::kv::prompt_hashes::{ChainHashes, PromptHashes};
 use crate::serving::policy::Policy;
-use crate::serving::prompt_hashes::{ChainHashes, PromptHashes};
 use crate::serving::store::LoadOverlap;
 use crate::serving::store::directory::{LoadGroup, LoadPlan, Location};
 use crate::units::Nanos;
@@ -123,38 +124,15 @@ pub struct StoreLink {
     pub layers: u32,
 }
 
-thread_local! {
-    /// Positions of the running sequences an iteration visits: one buffer a thread, which its
-    /// instances take in turn, so that it stays in the first-level cache (a buffer of each
-    /// instance's own was a cold line, read and written, at every iteration's end at 2,240
-    /// GPUs). At most `max_num_seqs` long.
-    static VISIT: std::cell::Cell<Vec<u32>> = const { std::cell::Cell::new(Vec::new()) };
-}
-
-/// The thread's visit buffer (empty if it is out: nobody takes it twice).
-fn take_visit() -> Vec<u32> {
-    VISIT.with(std::cell::Cell::take)
-}
-
-/// Gives the visit buffer back.
-fn put_visit(visit: Vec<u32>) {
-    VISIT.with(|v| v.set(visit));
-}
-
-/// A request in the instance. `repr(C)` and 64-byte aligned, with what every iteration reads
-/// and writes of every running sequence (its counters, its load, the pointer to its cold part
-/// and its block count) in the first 64 bytes: an iteration over a batch of hundreds touches
-/// one cache line per sequence (at cluster scale the instance is cold when its event comes),
-/// and a decoding sequence's visit (a new block, or a token) reads no other unless its pool
-/// keeps block ids; its blocks' pieces, in the second line, are read by admission, registration
-/// and release. With the cold part's pointer in the second line, each visit asked for both
-/// (`sim_scale` at 2,240 GPUs, three-round pairs, this against it: local-prefix 1.016 (six),
-/// vanilla 1.009, evostore 1.011 (four each); local-prefix at 32 GPUs 1.013 (three)). The rest
-/// is boxed ([`Cold`]), so that a sequence is two lines: a sequence moves whenever it changes
-/// queues (and, before the batch kept its sequences in slots, see [`running`], whenever one
-/// before it in the batch finished), and moving a whole record (seven lines) read and wrote
-/// lines no iteration needs (`perf`: a twentieth of vanilla's time at 2,240 GPUs was those
-/// copies).
+/// A request in the instance. `repr(C)` and 64-byte aligned, with what every iteration reads and
+/// writes of every running sequence (its counters, its load, the pointer to its cold part and its
+/// block count) in the first 64 bytes: an iteration over a batch of hundreds touches one cache line
+/// per sequence (at cluster scale the instance is cold when its event comes), and a decoding
+/// sequence's visit (a new block, or a token) reads no other unless its pool keeps block ids; its
+/// blocks' pieces, in the second line, are read by admission, registration and release. With the
+/// cold part's pointer in the second line, each visit would ask for both. The rest is boxed
+/// ([`Cold`]), so that a sequence is two lines: a sequence moves whenever it changes queues, and
+/// moving a whole record (seven lines) would read and write lines no iteration needs.
 #[derive(Debug)]
 #[repr(C, align(64))]
 struct Seq {
@@ -185,21 +163,7 @@ struct Seq {
 }
 
 /// The parts of a request in the instance that no iteration reads (see [`Seq::cold`]).
-///
-/// `repr(C)`, what an iteration reads first: the prompt's hashes (which a caching policy
-/// reads as the prompt's blocks fill), then what the request's record takes when it finishes,
-/// in the first [`Cold::READ`] bytes; the store policies' plans and a live run's tokens after
-/// them. The iteration that visits a sequence asks for exactly those bytes, two lines or
-/// three. In the compiler's order it asked for the record's first line and for the line where
-/// the hashes began, and the part of them that registration reads lay in the next line half
-/// the time (a record is 16-byte aligned): `perf` put 11-12 % of the iteration's samples at
-/// 2,240 GPUs on that read. Not aligned to a line: an aligned record is allocated apart from
-/// glibc's usual chunks, and the allocator's misses grew by more than the record's fell
-/// (`cachegrind`: 1.2 M more in `sim_scale`'s local-prefix round at 2,240 GPUs). This order,
-/// the kept records in place ([`Spare`]) and the lookup's hint ([`Instance::hint_lookup`])
-/// were timed together: see "Twenty-ninth session" in `docs/performance.md`.
 #[derive(Debug, Default)]
-#[repr(C)]
 struct Cold {
     /// Hashes of the prompt's full blocks (empty unless the policy looks in GPU memory or
     /// uses the store), sharing the memo's arrays: read at admission and as the prompt's
@@ -227,12 +191,6 @@ struct Cold {
     out: Vec<u32>,
     pending: Option<Sampled>,
     first_logits: Option<Vec<f32>>,
-}
-
-impl Cold {
-    /// The leading bytes an iteration reads: the hashes and a finished request's record.
-    const READ: usize =
-        std::mem::offset_of!(Cold, loaded_bytes) + std::mem::size_of::<[u64; Tier::ALL.len()]>();
 }
 
 /// A store load: planned at the lookup reply, started at admission (see the module doc).
@@ -275,19 +233,6 @@ impl Seq {
 }
 
 /// The serving-instance actor.
-///
-/// **Hot first.** The host asks for the first `ACTOR_BYTES` (`crate::sim::host`) of an actor
-/// ahead of its event (at cluster scale an instance is cold at every event), so the fields
-/// that every event reads come first, in the order written (`repr(C)`), then the pool, then
-/// what faults, real backends and reports read. In the compiler's own order (by alignment),
-/// the flags and small fields that each event reads first (`crashed`, `cfg`, `router`,
-/// `real`) and the policy, backend and stats sat past byte 688 of 840, beyond the lines
-/// asked for, and rarely read lists before them (`sim_scale`'s local-prefix round at 2,240
-/// GPUs: `handle`'s first read of `crashed` was 15 % of its samples). A test holds the hot
-/// fields within the bytes asked for. `sim_scale` at 2,240 GPUs, three-round pairs against
-/// the compiler's order: local-prefix medians 1.032 and 1.011, evostore 1.026 (a noisy hour:
-/// single pairs from 0.81 to 1.39).
-#[repr(C)]
 pub struct Instance {
     /// Faults: crashed with its node (it drops every message).
     crashed: bool,
@@ -305,9 +250,6 @@ pub struct Instance {
     busy_since: Option<Nanos>,
     /// Where the iteration in flight stands (meaningful while `busy_since` is set).
     phase: Phase,
-    /// The first hash of the waiting request that admission looks up next, where it was at
-    /// hand (see [`Instance::hint_lookup`]).
-    lookup_hint: Option<u64>,
     policy: Arc<dyn Policy>,
     /// Prices (or runs) each iteration.
     backend: Box<dyn BatchBackend>,
@@ -316,13 +258,16 @@ pub struct Instance {
     /// The prompts' block hashes (a memo shared by the actors of a simulation).
     hashes: Arc<PromptHashes>,
     running: Running,
+    /// Positions of the running sequences an iteration visits (at most `max_num_seqs`),
+    /// kept between iterations so that its buffer is allocated once.
+    visit: Vec<u32>,
     waiting: VecDeque<Seq>,
     /// Buffers of finished requests, for the next ones.
     spare: Spare,
     store: Option<StoreLink>,
     /// Requests waiting for their store lookup: a list, not a map. An instance has one or
-    /// two at a time, and an ordered map allocated a node with room for eleven sequences
-    /// (1.5 KiB) whenever it went from empty to one, and freed it when it went back: at most
+    /// two at a time, and an ordered map would allocate a node with room for eleven sequences
+    /// (1.5 KiB) whenever it goes from empty to one, and free it when it goes back: at most
     /// requests of a store policy.
     loading: Vec<Seq>,
     pool: BlockPool,
@@ -340,13 +285,12 @@ pub struct Instance {
     first_logits: Vec<(u32, Vec<f32>)>,
 }
 
-/// Most sequences an instance makes room for in its batch when it is built (`max_num_seqs`
-/// if smaller): 8 KiB, more than a batch's usual size under load. Growing the batch's list
-/// from empty took about seven reallocations an instance, each an aligned allocation past
-/// the small sizes, which glibc's allocator serves only after merging every small free chunk
-/// it holds (`malloc_consolidate`): vanilla on 2,240 GPUs (`sim_scale`'s 300,000 requests)
-/// made 10,033 such merges with an empty list and 3,414 with this room; they were 1.9 % of
-/// its samples.
+/// Most sequences an instance makes room for in its batch when it is built (`max_num_seqs` if
+/// smaller): 8 KiB, more than a batch's usual size under load. Growing the batch's list from empty
+/// would take about seven reallocations an instance, each an aligned allocation past the small
+/// sizes, which glibc's allocator serves only after merging every small free chunk it holds
+/// (`malloc_consolidate`): at cluster scale, with thousands of instances, those merges are a
+/// visible part of a run.
 const RUNNING_RESERVE: u32 = 64;
 
 /// Most buffers an instance keeps for reuse. An instance admits a few requests between two
@@ -357,16 +301,15 @@ const MAX_SPARE: usize = 4;
 /// cold record reuse one instead of allocating, and the memory they land in is likely still
 /// in the cache (at cluster scale, a fresh allocation is a cold one, and its free at the end
 /// of the request another miss). (A request's hashes are shared arrays, see
-/// [`crate::serving::prompt_hashes`]: nothing to reuse.)
+/// [`crate::serving::kv::prompt_hashes`]: nothing to reuse.)
 #[derive(Debug, Default)]
 struct Spare {
     blocks: Vec<Blocks>,
-    /// Kept records, `colds[..n_colds]`, boxed as the sequences hold them: a kept record goes
-    /// back to a sequence as it is. In place, not in a list of their own: [`Spare::hint`]
-    /// reads the pointer of the one it asks for, and in a list's buffer that read was a cache
-    /// miss of its own at every submission at 2,240 GPUs (`perf`: 1 % of `sim_scale`'s
-    /// local-prefix samples on the instruction after it), where the instance's own lines are
-    /// asked for before its event.
+    /// Kept records, `colds[..n_colds]`, boxed as the sequences hold them: a kept record goes back
+    /// to a sequence as it is. In place, not in a list of their own: [`Spare::hint`] reads the
+    /// pointer of the one it asks for, and in a list's buffer that read would be a cache miss of
+    /// its own at every submission at cluster scale, where the instance's own lines are asked for
+    /// before its event.
     colds: [Option<Box<Cold>>; MAX_SPARE],
     n_colds: usize,
 }
@@ -383,18 +326,6 @@ impl Spare {
             seq.cold.hashes = ChainHashes::default();
             self.colds[self.n_colds] = Some(seq.cold);
             self.n_colds += 1;
-        }
-    }
-
-    /// Asks for the records the next request takes (a cache hint, see
-    /// [`crate::sim::prefetch`]): at 2,240 GPUs they were kept many events ago, and reading
-    /// them as the request's sequence is built was a third of the time of a submission.
-    fn hint(&self) {
-        if let Some(b) = self.blocks.last() {
-            crate::sim::prefetch::bytes((&raw const *b).cast(), std::mem::size_of::<Blocks>());
-        }
-        if let Some(Some(c)) = self.n_colds.checked_sub(1).map(|i| &self.colds[i]) {
-            crate::sim::prefetch::bytes((&raw const **c).cast(), std::mem::size_of::<Cold>());
         }
     }
 
@@ -447,10 +378,10 @@ impl Instance {
             cfg,
             waiting: VecDeque::new(),
             running: Running::with_capacity(cfg.max_num_seqs.min(RUNNING_RESERVE) as usize),
+            visit: Vec::new(),
             lockstep: !backend.real(),
             parked: Vec::new(),
             busy_since: None,
-            lookup_hint: None,
             phase: Phase::Compute,
             stats: InstanceStats::default(),
             look_in_gpu,
@@ -503,7 +434,6 @@ impl Instance {
     }
 
     fn submit(&mut self, req: ReqId, ctx: &mut dyn Context<Msg>) {
-        self.spare.hint();
         let r = self.trace.request(req);
         // The most KV a request holds is prompt + output - 1 tokens: the last sampled token
         // is never fed back.
@@ -569,9 +499,6 @@ impl Instance {
     }
 
     fn enqueue(&mut self, seq: Seq, ctx: &mut dyn Context<Msg>) {
-        if self.waiting.is_empty() {
-            self.lookup_hint = self.first_hash(&seq);
-        }
         self.waiting.push_back(seq);
         if self.busy_since.is_none() {
             self.step(ctx);
@@ -596,471 +523,7 @@ impl Instance {
         seq.cold.load_end = 0;
         seq.cold.preemptions += 1;
         self.stats.preemptions += 1;
-        self.lookup_hint = self.first_hash(&seq);
         self.waiting.push_front(seq);
-    }
-
-    /// The first hash of `seq`'s prompt, if admission looks it up in the pool.
-    fn first_hash(&self, seq: &Seq) -> Option<u64> {
-        let hashes = &seq.cold.hashes;
-        (self.look_in_gpu && !hashes.is_empty()).then(|| hashes.get(0))
-    }
-
-    /// Asks for the pool's index slot that the next admission's lookup reads first (a cache
-    /// hint, see [`crate::sim::prefetch`]): the waiting request at the head of the queue
-    /// is looked up at the end of the iteration, after its sequences are visited, and at
-    /// 2,240 GPUs that slot was the most waited-for load of `sim_scale`'s local-prefix round
-    /// (`perf`: 3.5-4.5 % of its samples on the instruction after it; a quarter to a half
-    /// fewer with this hint).
-    fn hint_lookup(&self) {
-        if let Some(h) = self.lookup_hint {
-            self.pool.hint_lookup(h);
-        }
-    }
-
-    /// Plans and starts the next iteration, if there is anything to compute.
-    fn step(&mut self, ctx: &mut dyn Context<Msg>) {
-        debug_assert!(self.busy_since.is_none());
-        let mut budget = self.cfg.max_batched_tokens;
-        let mut shape = BatchShape::default();
-        let preempted = if self.lockstep_step(&mut budget, &mut shape) {
-            false
-        } else {
-            self.running.materialize_all();
-            self.schedule_each(&mut budget, &mut shape)
-        };
-        if !preempted {
-            self.admit(&mut budget, &mut shape, ctx);
-        }
-        if shape.is_empty() {
-            return;
-        }
-        self.stats.iterations += 1;
-        self.busy_since = Some(ctx.now());
-        self.phase = Phase::Compute;
-        let ran = if self.real {
-            self.run_members(&shape)
-        } else {
-            self.backend.iteration(&shape, &mut [])
-        };
-        let duration = match ran {
-            Ok(d) => d,
-            Err(e) => {
-                // The iteration still ends (at once), so the instance never stalls; the run
-                // ends with this violation.
-                self.violations
-                    .push(format!("instance {}: iteration failed: {e}", self.index));
-                Nanos::ZERO
-            }
-        };
-        ctx.start(Work::Compute(duration), Msg::WorkDone);
-    }
-
-    /// Schedules the running sequences one by one, in admission order, as the module doc
-    /// says: each takes what it has left to compute within the budget left, and needs its
-    /// blocks, for which the most recently admitted are preempted. Every sequence must be
-    /// active. Returns whether one was preempted.
-    fn schedule_each(&mut self, budget: &mut u32, shape: &mut BatchShape) -> bool {
-        let mut preempted = false;
-        let mut i = 0;
-        // Bounded by the number of running sequences, which only shrinks inside the loop.
-        'running: while i < self.running.len() && *budget > 0 {
-            let seq = &self.running[i];
-            let n = (seq.known_tokens() - seq.computed).min(*budget);
-            let need = self.blocks_past(seq.computed + n, seq.blocks.len() as u32);
-            while self.pool.free_blocks() < need {
-                // Preempt the most recently admitted sequence; possibly this one.
-                let victim = self.running.pop().expect("running is not empty");
-                preempted = true;
-                let was_self = self.running.len() == i;
-                self.preempt(victim);
-                if was_self {
-                    break 'running;
-                }
-            }
-            let seq = &mut self.running[i];
-            // A decoding sequence needs a block once every `block_size` iterations: the pool
-            // is called only then (a call for none changes nothing; such calls were 7 % of
-            // local-prefix's instructions at 560 nodes).
-            if need > 0 {
-                let ok = self.pool.allocate(need, &mut seq.blocks);
-                debug_assert!(ok);
-            }
-            seq.scheduled = n;
-            shape.add(
-                n as u64,
-                seq.computed as u64,
-                seq.computed + n == seq.known_tokens(),
-            );
-            *budget -= n;
-            i += 1;
-        }
-        preempted
-    }
-
-    /// Schedules the running sequences as [`Self::schedule_each`] would, visiting only the
-    /// active ones and the steady ones that are due, if the budget holds what every sequence
-    /// has left to compute and the free blocks what they need (then each takes all it has
-    /// left, in admission order, nobody is preempted, and the steady ones each take their one
-    /// token and need no block). Returns false, having changed nothing but made the due
-    /// sequences active, where that does not hold.
-    fn lockstep_step(&mut self, budget: &mut u32, shape: &mut BatchShape) -> bool {
-        let mut visit = take_visit();
-        self.running.due_now(&mut visit);
-        for &i in &visit {
-            self.running.materialize(i as usize);
-        }
-        let (steady, steady_computed) = self.running.steady();
-        let mut demand = steady;
-        let mut need_all = 0u64;
-        for &i in &visit {
-            let seq = &self.running[i as usize];
-            let n = seq.known_tokens() - seq.computed;
-            demand += u64::from(n);
-            need_all += u64::from(self.blocks_past(seq.known_tokens(), seq.blocks.len() as u32));
-        }
-        let fits = demand <= u64::from(*budget) && need_all <= u64::from(self.pool.free_blocks());
-        if fits {
-            for &i in &visit {
-                let seq = &self.running[i as usize];
-                let n = seq.known_tokens() - seq.computed;
-                let need = self.blocks_past(seq.known_tokens(), seq.blocks.len() as u32);
-                let seq = &mut self.running[i as usize];
-                if need > 0 {
-                    let ok = self.pool.allocate(need, &mut seq.blocks);
-                    debug_assert!(ok);
-                }
-                seq.scheduled = n;
-                shape.add(n as u64, seq.computed as u64, true);
-            }
-            shape.add_decoding(steady, steady_computed);
-            *budget -= demand as u32;
-        }
-        put_visit(visit);
-        fits
-    }
-
-    /// Runs the iteration on a real backend: its members are the running sequences with
-    /// tokens scheduled; each one's sampled token waits in it until the iteration's results
-    /// are applied.
-    fn run_members(&mut self, shape: &BatchShape) -> Result<Nanos, crate::backend::BackendError> {
-        let mut members: Vec<Member<'_>> = self
-            .running
-            .iter()
-            .filter(|s| s.scheduled > 0)
-            .map(|s| Member {
-                req: s.req,
-                blocks: s.blocks.ids(),
-                computed: s.computed,
-                n: s.scheduled,
-                generated: &s.cold.out,
-                sampled: None,
-            })
-            .collect();
-        let r = self.backend.iteration(shape, &mut members);
-        let sampled: Vec<Option<Sampled>> = members.into_iter().map(|m| m.sampled).collect();
-        let mut sampled = sampled.into_iter();
-        for i in 0..self.running.len() {
-            let seq = &mut self.running[i];
-            if seq.scheduled > 0 {
-                let Some(got) = sampled.next() else {
-                    break;
-                };
-                seq.cold.pending = got;
-            }
-        }
-        r
-    }
-
-    /// Admits waiting requests in arrival order while `max_num_seqs` allows, budget is left
-    /// and their blocks are free; starts the loads of those with a store plan.
-    fn admit(&mut self, budget: &mut u32, shape: &mut BatchShape, ctx: &mut dyn Context<Msg>) {
-        let overlap = self.store.as_ref().map(|st| st.overlap);
-        // Bounded: every pass admits one request or stops.
-        while *budget > 0 && self.running.len() + self.parked.len() < self.cfg.max_num_seqs as usize
-        {
-            let Some(seq) = self.waiting.front() else {
-                break;
-            };
-            // Reuse at most up to the last prompt token, which must be computed.
-            let reusable = ((seq.known_tokens() - 1) / self.cfg.block_size) as usize;
-            let (hits, hits_free) = if self.look_in_gpu {
-                self.pool.longest_cached_prefix(&seq.cold.hashes, reusable)
-            } else {
-                (0, 0)
-            };
-            let gpu_tokens = hits * self.cfg.block_size;
-            let aligned_max = reusable as u32 * self.cfg.block_size;
-            // The plan is usable if it extends the GPU hits: it starts within them and brings
-            // tokens beyond them.
-            let store_usable = seq.load.is_some()
-                && seq.cold.load_end.min(aligned_max) > gpu_tokens
-                && gpu_tokens >= seq.cold.load_start;
-            let cached = if store_usable {
-                seq.cold.load_end.min(aligned_max)
-            } else {
-                gpu_tokens
-            };
-            let park = store_usable && overlap == Some(LoadOverlap::None);
-            let n = if park {
-                0
-            } else {
-                (seq.known_tokens() - cached).min(*budget)
-            };
-            let need = self.blocks_for(cached + n) - hits;
-            if need > self.pool.free_blocks() - hits_free {
-                self.lookup_hint = self.first_hash(seq);
-                break;
-            }
-            let mut seq = self.waiting.pop_front().expect("front exists");
-            // The next one's hashes are not at hand (they are read if it is looked up now).
-            self.lookup_hint = None;
-            if self.real && seq.blocks.capacity() == 0 {
-                // Once, for the most blocks it can hold (a preemption keeps the capacity): no
-                // growth of the list as decoding fills blocks.
-                let most = seq.prompt_len + seq.output_len - 1;
-                seq.blocks.reserve_exact(self.blocks_for(most) as usize);
-            }
-            self.pool
-                .take_cached(&seq.cold.hashes, hits as usize, &mut seq.blocks);
-            let ok = self.pool.allocate(need, &mut seq.blocks);
-            debug_assert!(ok);
-            if seq.cold.admitted_at.is_none() {
-                seq.cold.admitted_at = Some(ctx.now());
-                seq.cold.reused = seq.cold.planned;
-                seq.cold.reused[Tier::Gpu as usize] = gpu_tokens;
-                let from_store = if store_usable { cached - gpu_tokens } else { 0 };
-                let mut excess = seq.cold.planned.iter().sum::<u32>() - from_store;
-                for tier in Tier::ALL[1..].iter().rev() {
-                    let take = excess.min(seq.cold.reused[*tier as usize]);
-                    seq.cold.reused[*tier as usize] -= take;
-                    excess -= take;
-                }
-            }
-            if store_usable {
-                self.start_load(&mut seq, gpu_tokens..cached, ctx);
-            } else if seq.load.is_some() {
-                // Nothing to load beyond the GPU hits: the plan is not started.
-                Self::without_load(&mut seq);
-            }
-            seq.computed = cached;
-            seq.registered = hits;
-            seq.scheduled = n;
-            if park {
-                self.parked.push(seq);
-                continue;
-            }
-            shape.add(n as u64, cached as u64, cached + n == seq.known_tokens());
-            *budget -= n;
-            self.running.push(seq);
-        }
-    }
-
-    /// Handles the end of a piece of compute work: the iteration's compute, or the layers
-    /// that waited for layer-wise loads.
-    fn work_done(&mut self, ctx: &mut dyn Context<Msg>) {
-        match (self.busy_since, self.phase) {
-            (Some(_), Phase::Compute) => self.compute_done(ctx.now(), ctx),
-            (Some(_), Phase::Tail) => self.finish_iteration(ctx),
-            _ => {
-                let me = format!("instance {}", self.index);
-                unexpected(
-                    &mut self.violations,
-                    &me,
-                    &"a work-done notice with no work in flight",
-                );
-            }
-        }
-    }
-
-    /// Applies the results of the iteration that just ended.
-    pub(super) fn finish_iteration(&mut self, ctx: &mut dyn Context<Msg>) {
-        let Some(started) = self.busy_since.take() else {
-            return;
-        };
-        self.phase = Phase::Compute;
-        self.stats.busy += ctx.now() - started;
-        let keep = self.policy.keep_gpu_blocks();
-        let block_size = self.cfg.block_size;
-        let mut finished = false;
-        // The steady sequences (see [`running`]) each computed one token and sampled the
-        // next; none of them finished or filled a prompt block: the tick below applies that.
-        // The others are visited, in admission order; finished ones are marked and leave
-        // `running` at the end (keeping the admission order of the others).
-        self.running.hint_visits();
-        self.hint_lookup();
-        let mut visit = take_visit();
-        self.running.due_now(&mut visit);
-        for (k, &i) in visit.iter().enumerate() {
-            // The cold part of the sequence two visits on (its prompt's hashes as its blocks
-            // fill, its record as it finishes: the bytes `Cold::READ` counts): its pointer is
-            // in a line already asked for.
-            if let Some(&j) = visit.get(k + 2) {
-                let cold: &Cold = &self.running[j as usize].cold;
-                crate::sim::prefetch::bytes((&raw const *cold).cast(), Cold::READ);
-            }
-            let seq = &mut self.running[i as usize];
-            if seq.scheduled == 0 {
-                continue;
-            }
-            seq.computed += seq.scheduled;
-            seq.scheduled = 0;
-            // A layer-wise load has been applied with the iteration it started in.
-            if seq.load.is_some() {
-                seq.load = None;
-            }
-            // Blocks the prompt filled beyond those registration is done with (a block filled
-            // when its last token is computed: no division, and no read of the hashes, unless
-            // one did); those past the hashes are never registered, and done with too.
-            let prompt_done = seq.computed.min(seq.prompt_len);
-            if keep
-                && u64::from(seq.registered + 1) * u64::from(block_size) <= u64::from(prompt_done)
-            {
-                let filled = prompt_done / block_size;
-                let full = filled.min(seq.cold.hashes.len() as u32);
-                if seq.registered < full {
-                    self.pool.register_all(
-                        &mut seq.blocks,
-                        &seq.cold.hashes,
-                        full as usize,
-                        seq.registered as usize,
-                    );
-                }
-                seq.registered = filled;
-            }
-            if !seq.stored
-                && seq.computed >= seq.prompt_len
-                && let Some(st) = &self.store
-            {
-                seq.stored = true;
-                let new = seq.cold.chain.len() as u64
-                    - (seq.cold.stored_chunks as u64).min(seq.cold.chain.len() as u64);
-                if new > 0 {
-                    let data = if self.real {
-                        let first = seq.cold.stored_chunks as usize;
-                        let tensors: Vec<(u64, u32)> = (first..seq.cold.chain.len())
-                            .map(|k| (seq.cold.chain[k], k as u32 * st.tensor_tokens))
-                            .collect();
-                        match self
-                            .backend
-                            .export(seq.blocks.ids(), &tensors, st.tensor_tokens)
-                        {
-                            Ok(d) => Some(Box::new(d)),
-                            Err(e) => {
-                                self.violations.push(format!(
-                                    "instance {}: request {}: store write: {e}",
-                                    self.index, seq.req.0
-                                ));
-                                None
-                            }
-                        }
-                    } else {
-                        None
-                    };
-                    ctx.send(
-                        st.servers[st.node as usize],
-                        Msg::StoreWrite {
-                            chain: Box::new(seq.cold.chain.clone()),
-                            replica: false,
-                            data,
-                        },
-                        new * st.tensor_bytes,
-                    );
-                }
-            }
-            if seq.computed < seq.known_tokens() {
-                continue;
-            }
-            // Only a real backend samples tokens.
-            if self.real
-                && let Some(got) = seq.cold.pending.take()
-            {
-                seq.cold.out.push(got.token);
-                if got.logits.is_some() {
-                    seq.cold.first_logits = got.logits;
-                }
-            }
-            seq.generated += 1;
-            if seq.generated == 1 {
-                ctx.send(self.router, Msg::FirstToken(seq.req, self.index), 4);
-            }
-            if seq.generated < seq.output_len {
-                continue;
-            }
-            seq.done = true;
-            finished = true;
-            self.pool.release(&mut seq.blocks);
-            if self.real {
-                if seq.cold.out.len() != seq.output_len as usize {
-                    self.violations.push(format!(
-                        "instance {}: request {} generated {} of {} tokens",
-                        self.index,
-                        seq.req.0,
-                        seq.cold.out.len(),
-                        seq.output_len
-                    ));
-                }
-                self.outputs
-                    .push((seq.req.0, std::mem::take(&mut seq.cold.out)));
-                if let Some(l) = seq.cold.first_logits.take() {
-                    self.first_logits.push((seq.req.0, l));
-                }
-            }
-            ctx.send(
-                self.router,
-                Msg::Finished(Box::new(Completion {
-                    req: seq.req,
-                    instance: self.index,
-                    admitted_at: seq.cold.admitted_at.unwrap_or(started),
-                    reused: seq.cold.reused,
-                    loaded_bytes: seq.cold.loaded_bytes,
-                    preemptions: seq.cold.preemptions,
-                })),
-                4 * (seq.output_len as u64 - 1),
-            );
-        }
-        self.running.advance();
-        if self.lockstep {
-            for &i in &visit {
-                if let Some(due) = self.steady_until(&self.running[i as usize]) {
-                    self.running.make_steady(i as usize, due);
-                }
-            }
-        }
-        if finished {
-            let real = self.real;
-            visit.retain(|&i| self.running[i as usize].done);
-            let spare = &mut self.spare;
-            self.running
-                .remove_each(&visit, |seq| spare.keep(seq, real));
-        }
-        put_visit(visit);
-        self.step(ctx);
-    }
-
-    /// If `seq` (active, just applied) only decodes from now on until a tick, that tick
-    /// (later than now): the first at which it needs a new block or samples its last token.
-    /// It decodes if its next iteration computes its one known token, which ends the prompt
-    /// (so it has nothing to register or store) and loads nothing, as every iteration after
-    /// it until then.
-    fn steady_until(&self, seq: &Seq) -> Option<u64> {
-        let bs = u64::from(self.cfg.block_size);
-        let decodes = !seq.done
-            && seq.scheduled == 0
-            && seq.load.is_none()
-            && seq.computed >= seq.prompt_len
-            && seq.known_tokens() - seq.computed == 1
-            && (seq.stored || self.store.is_none())
-            && !(self.policy.keep_gpu_blocks()
-                && (u64::from(seq.registered) + 1) * bs <= u64::from(seq.prompt_len));
-        if !decodes {
-            return None;
-        }
-        let now = self.running.tick();
-        let room = seq.blocks.len() as u64 * bs - u64::from(seq.computed);
-        let left = u64::from(seq.output_len - 1 - seq.generated);
-        let due = now + room.min(left);
-        (due > now).then_some(due)
     }
 }
 
@@ -1140,56 +603,7 @@ impl Actor<Msg> for Instance {
 }
 
 mod check;
+mod schedule;
 mod store;
 #[cfg(test)]
 mod tests;
-
-#[cfg(test)]
-mod layout {
-    use super::Instance;
-    use std::mem::offset_of;
-
-    /// An iteration asks for the first [`super::Cold::READ`] bytes of a visited sequence's
-    /// cold part: its hashes, and what a finished request's record takes.
-    #[test]
-    fn an_iteration_reads_of_a_cold_record_only_the_bytes_it_asks_for() {
-        use super::Cold;
-        use std::mem::size_of_val;
-        let c = Cold::default();
-        for (at, bytes) in [
-            (offset_of!(Cold, hashes), size_of_val(&c.hashes)),
-            (offset_of!(Cold, admitted_at), size_of_val(&c.admitted_at)),
-            (offset_of!(Cold, reused), size_of_val(&c.reused)),
-            (offset_of!(Cold, preemptions), size_of_val(&c.preemptions)),
-            (offset_of!(Cold, loaded_bytes), size_of_val(&c.loaded_bytes)),
-        ] {
-            assert!(at + bytes <= Cold::READ, "a field at byte {at}");
-        }
-        // Two lines' worth, or three where the record starts late in a line.
-        const { assert!(Cold::READ <= 2 * crate::sim::prefetch::LINE) };
-    }
-
-    #[test]
-    fn what_every_event_reads_is_in_the_bytes_the_host_asks_for() {
-        // The last of the hot fields ends before the pool, and the pool starts within the
-        // bytes asked for (its first lines are read by every iteration of a caching policy).
-        let hot_end = offset_of!(Instance, loading) + std::mem::size_of::<Vec<super::Seq>>();
-        assert!(hot_end <= offset_of!(Instance, pool));
-        assert!(offset_of!(Instance, pool) < crate::sim::host::ACTOR_BYTES);
-        for at in [
-            offset_of!(Instance, crashed),
-            offset_of!(Instance, real),
-            offset_of!(Instance, cfg),
-            offset_of!(Instance, router),
-            offset_of!(Instance, policy),
-            offset_of!(Instance, backend),
-            offset_of!(Instance, stats),
-            offset_of!(Instance, running),
-        ] {
-            assert!(
-                at < crate::sim::host::ACTOR_BYTES,
-                "a hot field at byte {at}"
-            );
-        }
-    }
-}

@@ -1,21 +1,19 @@
 //! The running batch of an instance, with sequences that decode in lockstep kept implicitly.
 //!
-//! Under load most of a batch is *decoding*: every iteration each such sequence computes its
-//! one known token and samples the next, and nothing else happens to it until it needs a new
-//! KV block (every `block_size` tokens) or samples its last token. Visiting every sequence at
-//! every iteration to add one to two counters (scheduling it, then applying its result) was
-//! 14 % of local-prefix's instructions at 2,240 GPUs, though little of its time (cheap
-//! instructions over lines already in cache), and more of both where batches decode long
-//! outputs (see `docs/performance.md`, "Sixteenth session"). So a sequence that only decodes
-//! becomes *steady*: its counters stay as they were when it became steady (at tick `since`),
-//! and its true counts are those plus the ticks since then; the scheduler visits it again at
-//! the tick it is `due` (a block to allocate, or its last token), and the batch keeps the sum
-//! of the steady sequences' computed tokens for the iteration's shape. An iteration then
-//! costs a scan of one word a sequence and a visit of the sequences whose state changes, not
-//! a visit of each. The instance decides which sequences are steady and when they are due
-//! (it knows the block size and what decoding leaves unchanged); this type keeps the
-//! bookkeeping exact: a sequence leaves the batch ([`Running::pop`], [`Running::remove`]) with
-//! its counters made true.
+//! Under load most of a batch is *decoding*: every iteration each such sequence computes its one
+//! known token and samples the next, and nothing else happens to it until it needs a new KV block
+//! (every `block_size` tokens) or samples its last token. Visiting every sequence at every
+//! iteration to add one to two counters (scheduling it, then applying its result) would cost
+//! instructions in proportion to the batch at every iteration, most of them on sequences whose
+//! state does not change, and more where batches decode long outputs. So a sequence that only
+//! decodes becomes *steady*: its counters stay as they were when it became steady (at tick
+//! `since`), and its true counts are those plus the ticks since then; the scheduler visits it again
+//! at the tick it is `due` (a block to allocate, or its last token), and the batch keeps the sum of
+//! the steady sequences' computed tokens for the iteration's shape. An iteration then costs a scan
+//! of one word a sequence and a visit of the sequences whose state changes, not a visit of each.
+//! The instance decides which sequences are steady and when they are due (it knows the block size
+//! and what decoding leaves unchanged); this type keeps the bookkeeping exact: a sequence leaves
+//! the batch ([`Running::pop`], [`Running::remove`]) with its counters made true.
 //!
 //! A *tick* is one applied iteration in which every steady sequence computed one token: the
 //! instance calls [`Running::advance`] at the end of each iteration, and makes every sequence
@@ -24,18 +22,12 @@
 //! **Sequences stay where they are.** A sequence keeps the slot it was pushed into until it
 //! leaves; the admission order is a list of slots, kept in the low bits of the `due` words
 //! that every iteration scans anyway. A sequence that finishes (or is preempted) leaves a free
-//! slot, which the next one pushed takes (the last freed first): nothing moves. When the
-//! batch was an array in admission order, a sequence that finished closed its gap by moving
-//! every one admitted after it (on average fifteen of 128 bytes at 2,240 GPUs), and those
-//! were mostly steady sequences that no iteration reads, so the move read and wrote lines
-//! brought in for nothing (`perf`, `sim_scale`'s local-prefix round at 2,240 GPUs: the copy
-//! was about 5 % of the simulation's samples).
+//! slot, which the next one pushed takes (the last freed first): nothing moves. In an array
+//! kept in admission order, a sequence that finished would close its gap by moving every one
+//! admitted after it, mostly steady sequences that no iteration reads, so the move would read
+//! and write lines brought in for nothing.
 
 use super::Seq;
-
-/// Most sequences whose lines [`Running::hint_visits`] asks for: a core keeps a few dozen
-/// misses outstanding, and more would only wait in its queue.
-const VISIT_HINTS: usize = 32;
 
 /// `since` of a sequence that is not steady.
 const ACTIVE: u64 = u64::MAX;
@@ -234,41 +226,6 @@ impl Running {
         );
     }
 
-    /// Asks for what the end of this iteration and the scheduling of the next visit (a cache
-    /// hint, see [`crate::sim::prefetch`]): each sequence that is active or due by the next
-    /// tick (at most [`VISIT_HINTS`]), its first line (its counters, block count and the
-    /// pointer to its cold part: what a decoding sequence's visit reads; its second line, its
-    /// blocks' pieces, is for registration and release), and for those that are steady,
-    /// their `since` word, which making them active reads. At 2,240 GPUs the batch is cold
-    /// when its instance's event comes, and these were misses taken one after another as
-    /// each was visited.
-    pub fn hint_visits(&self) {
-        self.visits_ahead(|i, steady| {
-            let seq: *const Option<Seq> = self.slots.as_ptr().wrapping_add(self.slot(i));
-            crate::sim::prefetch::line(seq.cast());
-            if steady {
-                crate::sim::prefetch::line((&raw const self.since[i]).cast());
-            }
-        });
-    }
-
-    /// Calls `f` with the position of each sequence (in admission order, at most
-    /// [`VISIT_HINTS`]) that is active or due by the next tick, and whether it is steady.
-    fn visits_ahead(&self, mut f: impl FnMut(usize, bool)) {
-        let next = self.tick + 1;
-        let mut asked = 0;
-        for (i, &d) in self.due.iter().enumerate() {
-            let d = d >> SLOT_BITS;
-            if d <= next {
-                f(i, d != 0);
-                asked += 1;
-                if asked == VISIT_HINTS {
-                    return;
-                }
-            }
-        }
-    }
-
     /// Steady sequences now, and the sum of their true computed tokens.
     pub fn steady(&self) -> (u64, u64) {
         let sum = self.base.wrapping_add(self.steady.wrapping_mul(self.tick));
@@ -313,30 +270,6 @@ mod tests {
             blocks: Default::default(),
             cold: Box::default(),
         }
-    }
-
-    fn ahead(r: &Running) -> Vec<(usize, bool)> {
-        let mut got = Vec::new();
-        r.visits_ahead(|i, steady| got.push((i, steady)));
-        got
-    }
-
-    #[test]
-    fn the_hint_names_the_sequences_the_next_two_visits_read_and_no_others() {
-        let mut r = Running::with_capacity(5);
-        for i in 0..5 {
-            r.push(seq(i));
-        }
-        // At tick 0: 1 is due at the next tick, 2 at tick 5, 4 at tick 2.
-        r.make_steady(1, 1);
-        r.make_steady(2, 5);
-        r.make_steady(4, 2);
-        assert_eq!(ahead(&r), [(0, false), (1, true), (3, false)]);
-        r.advance();
-        assert_eq!(ahead(&r), [(0, false), (1, true), (3, false), (4, true)]);
-        r.materialize(1);
-        let _ = r.remove(0);
-        assert_eq!(ahead(&r), [(0, false), (2, false), (3, true)]);
     }
 
     #[test]
@@ -392,16 +325,5 @@ mod tests {
         let s = r.remove(1);
         assert_eq!((s.computed, s.generated), (3, 3));
         assert_eq!(r.steady(), (0, 0));
-    }
-
-    #[test]
-    fn the_hint_is_bounded() {
-        let mut r = Running::with_capacity(VISIT_HINTS + 8);
-        for i in 0..VISIT_HINTS as u32 + 8 {
-            r.push(seq(i));
-        }
-        let got = ahead(&r);
-        assert_eq!(got.len(), VISIT_HINTS);
-        assert!(got.iter().enumerate().all(|(k, &(i, s))| i == k && !s));
     }
 }

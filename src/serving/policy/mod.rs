@@ -116,12 +116,10 @@ impl PolicyKind {
 
     /// A policy's simulation time per request relative to vanilla's, rounded: only the
     /// order in which a run starts its simulations depends on it (the most costly first, see
-    /// [`crate::sim::parallel_map_in`]), never a result. Measured on `polaris_full` (seconds
-    /// per policy on one core each, with the pool of segments: vanilla 4.3, local-prefix 14.4,
-    /// evostore 36.2, ptstore 41.3; with shared prompt hashes: 5.1, 9.4, 23.6, 32.8): a store
-    /// policy has about five times vanilla's events (shorter iterations, transfers, store
-    /// messages), and every policy with a prefix cache registers and evicts each prompt's
-    /// blocks.
+    /// [`crate::sim::parallel_map_in`]), never a result. The order follows the policies'
+    /// simulation times on `polaris_full`: a store policy has about five times vanilla's
+    /// events (shorter iterations, transfers, store messages), and every policy with a prefix
+    /// cache registers and evicts each prompt's blocks.
     pub fn relative_cost(self) -> u64 {
         match self {
             PolicyKind::Vanilla => 1,

@@ -11,18 +11,18 @@ mod workload;
 
 use std::path::Path;
 
+use crate::fault::Fault;
 use crate::hardware::{HardwareSpec, Place};
 use crate::model::ModelConfig;
 use crate::model::batch_profile::BatchFit;
 use crate::model::cost::CostModel;
 use crate::scenario::hardware::hardware;
 use crate::scenario::sweep::sweep_texts;
-use crate::scenario::{Check, MAX_REQUESTS, MAX_TOKENS, ScenarioError, deserialize};
+use crate::scenario::{Check, MAX_REQUESTS, MAX_TOKENS, MAX_WALL_S, ScenarioError, deserialize};
 use crate::serving::instance::InstanceConfig;
 use crate::serving::policy::PolicyKind;
 use crate::serving::router::RouterStrategy;
 use crate::serving::store::StoreConfig;
-use crate::sim::fault::Fault;
 use crate::sim::kernel::{Limits, MAX_EVENTS, MAX_PENDING};
 use crate::units::{GIB, Nanos};
 use crate::workload::WorkloadSpec;
@@ -331,12 +331,12 @@ fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenar
             .map(|f| Path::new(file).parent().unwrap_or(Path::new("")).join(f)),
         max_wall: std::time::Duration::from_secs_f64({
             let w = c.positive("limits.max_wall_s", r.limits.max_wall_s)?;
-            if w > crate::serving::live::MAX_WALL_S {
+            if w > MAX_WALL_S {
                 return Err(c.err(
                     "limits.max_wall_s",
                     format!(
                         "{w} s is more than a week ({} s): a unit mistake?",
-                        crate::serving::live::MAX_WALL_S
+                        MAX_WALL_S
                     ),
                 ));
             }

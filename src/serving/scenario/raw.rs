@@ -34,7 +34,7 @@ pub struct Raw {
     pub limits: RawLimits,
     /// Parameters to sweep: dotted key paths, each with a list of values.
     pub sweep: Option<toml::Table>,
-    /// `[[fault]]`: faults to inject (see `crate::sim::fault`).
+    /// `[[fault]]`: faults to inject (see `crate::fault`).
     #[serde(default)]
     pub fault: Vec<crate::scenario::fault::RawFault>,
     /// `[live]`: the `meshsim node`s a live run places its instances and store servers on.

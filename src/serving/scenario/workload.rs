@@ -6,7 +6,8 @@ use std::path::Path;
 
 use crate::scenario::{Check, MAX_REQUESTS, MAX_TOKENS, ScenarioError, non_negative};
 use crate::workload::WorkloadSpec;
-use crate::workload::qa::{ContextMode, Dataset, Order, OutputDist, QaWorkload};
+use crate::workload::output::OutputDist;
+use crate::workload::qa::{ContextMode, Dataset, Order, QaWorkload};
 use crate::workload::replay::{DEFAULT_SYSTEM_PROMPT, QaOptions, ReplaySpec, Source};
 use crate::workload::reuse::{self, Popularity, Reuse};
 

@@ -15,9 +15,9 @@
 //! Every operation is O(log n) amortised.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 
-use super::id_map::IdMap;
+use crate::hash::IdBuildHasher;
 
 /// Which order a cache evicts in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -77,7 +77,7 @@ pub struct EvictionQueue {
     heap: BinaryHeap<Item>,
     /// The entries by id, in a map whose probes can be asked for ahead (a lookup touches
     /// every tensor it plans, in the queues of their nodes: see [`EvictionQueue::prefetch`]).
-    entries: IdMap<Entry>,
+    entries: HashMap<u64, Entry, IdBuildHasher>,
     kind: Eviction,
     /// GDSF clock L.
     clock: f64,
@@ -87,7 +87,7 @@ impl EvictionQueue {
     pub fn new(kind: Eviction) -> EvictionQueue {
         EvictionQueue {
             heap: BinaryHeap::new(),
-            entries: IdMap::default(),
+            entries: HashMap::default(),
             kind,
             clock: 0.0,
         }
@@ -103,17 +103,6 @@ impl EvictionQueue {
 
     pub fn contains(&self, id: u64) -> bool {
         self.entries.contains_key(&id)
-    }
-
-    /// Asks the processor for the line of `id`'s slot (a cache hint: nothing changes); then
-    /// [`EvictionQueue::prefetch_entry`] for its entry.
-    pub fn prefetch(&self, id: u64) {
-        self.entries.prefetch(id);
-    }
-
-    /// Asks for `id`'s entry, if present (its slot is read: ask for it first).
-    pub fn prefetch_entry(&self, id: u64) {
-        self.entries.prefetch_record(id);
     }
 
     fn key(&self, freq: u32, value: f64, tick: u64) -> u64 {

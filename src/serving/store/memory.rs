@@ -22,9 +22,9 @@
 //! not carry: a prefix that shrank between the lookup and the insert) is a *hole*: a load
 //! that needs it fails and its tokens are recomputed. Holes are counted.
 //!
-//! The SSD tier of a live store is host memory standing in for the node's SSD (this machine
-//! has no SSD worth measuring): its bytes are real and bounded by the SSD capacity, its
-//! speed is host memory's.
+//! The SSD tier of a live store is host memory standing in for the node's SSD (a live run
+//! writes nothing to the host's drives): its bytes are real and bounded by the SSD capacity,
+//! its speed is host memory's.
 //!
 //! [`Msg::StoreWrite`]: crate::serving::Msg::StoreWrite
 

@@ -1,10 +1,12 @@
 //! Distributed prefix tensor stores (EvoStore-like and PTStore).
 //!
-//! Every node runs a **store server** ([`server::StoreServer`]) that pools the node's host
-//! memory and SSDs for the GPU instances of its own node (over PCIe) and of other nodes (over
-//! the NICs). One **metadata service** ([`metadata::Metadata`]) at node 0's host keeps the
-//! flat records of what is stored where ([`directory::Directory`]) and makes every placement,
-//! eviction and replication decision; the servers and instances move the bytes.
+//! Every node runs a **store server** ([`super::store_server::StoreServer`]) that pools the
+//! node's host memory and SSDs for the GPU instances of its own node (over PCIe) and of other
+//! nodes (over the NICs). One **metadata service** ([`super::metadata::Metadata`]) at node 0's
+//! host keeps the flat records of what is stored where ([`directory::Directory`]) and makes
+//! every placement, eviction and replication decision; the servers and instances move the
+//! bytes. This folder holds the store's model (records, eviction orders, read counts, the bytes
+//! of a live store); the two actors sit beside it, above the system's messages.
 //!
 //! The life of a request under a store policy:
 //!
@@ -47,11 +49,8 @@
 
 pub mod directory;
 pub mod eviction;
-pub mod id_map;
 pub mod memory;
-pub mod metadata;
 pub mod read_counts;
-pub mod server;
 
 use eviction::Eviction;
 

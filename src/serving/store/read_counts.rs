@@ -9,25 +9,21 @@
 //! saturates there ([`ReadCounts::bump`] returns at most the threshold): its state is one of
 //! `0..=threshold`, and it takes the fewest bits of 1, 2, 4, 8, 16 or 32 that hold those.
 //!
-//! **Why rows.** The counts were a hash table per node (the tensor's id and its count in a
-//! 16-byte slot, at most three quarters full). At full scale most tensors are read once by
-//! tens of nodes: `polaris_full`'s ptstore run ended with 11.4 M counts for 212,000 tensors in
-//! 18.4 M slots, 280 MiB, a quarter of its peak memory, and each bump missed the cache on a
-//! probe of one of 560 tables. A row of 2-bit counters (the threshold of 2 holds in 2 bits) is
-//! 144 bytes for 560 nodes: 30 MiB for the same run, in lines that the hot tensors share. A
-//! row lives as long as its tensor: allocated when it is stored, zeroed and reused when it is
-//! dropped, so that forgetting a dropped tensor's counts costs a row's words, not a probe of
-//! every node's table.
+//! **Why rows.** A hash table per node (the tensor's id and its count in a 16-byte slot, at most
+//! three quarters full) would hold a slot for every pair of a node and a tensor it read. At full
+//! scale most tensors are read once by tens of nodes, so the tables would hold millions of counts
+//! and a large part of a run's memory, and each bump would miss the cache on a probe of one of
+//! hundreds of tables. A row of 2-bit counters (the threshold of 2 holds in 2 bits) is 144 bytes
+//! for 560 nodes, in lines that the hot tensors share. A row lives as long as its tensor: allocated
+//! when it is stored, zeroed and reused when it is dropped, so that forgetting a dropped tensor's
+//! counts costs a row's words, not a probe of every node's table.
 //!
-//! **Bounds.** Rows in use are the tensors stored with replication on (at most the store's
-//! capacity in tensors); freed rows are reused before the array grows. A row takes `nodes x
-//! bits / 8` bytes whatever the reads: 144 bytes at 560 nodes and the default threshold, 16
-//! KiB at the scenario's limit of 65,536 nodes. Where few nodes read each tensor of a very
-//! large cluster, per-node tables of the pairs actually read (what this replaced, about 26
-//! bytes a pair) would take less; at `polaris_full`'s 53 readers a tensor the rows take a
-//! tenth of that.
-
-use crate::sim::prefetch;
+//! **Bounds.** Rows in use are the tensors stored with replication on (at most the store's capacity
+//! in tensors); freed rows are reused before the array grows. A row takes `nodes x bits / 8` bytes
+//! whatever the reads: 144 bytes at 560 nodes and the default threshold, 16 KiB at the scenario's
+//! limit of 65,536 nodes. Where few nodes read each tensor of a very large cluster, per-node tables
+//! of the pairs actually read (about 26 bytes a pair) would take less; at the tens of readers a
+//! tensor of a full-scale run the rows take about a tenth of that.
 
 /// No row: a tensor stored while replication is off.
 pub const NO_ROW: u32 = u32::MAX;
@@ -137,14 +133,6 @@ impl ReadCounts {
         }
     }
 
-    /// Asks the processor for the line of `node`'s counter in `row` (a cache hint: nothing
-    /// changes).
-    #[inline]
-    pub fn prefetch(&self, row: u32, node: u32) {
-        let (w, _) = self.place(row, node);
-        prefetch::bytes(self.words.as_ptr().wrapping_add(w).cast(), 8);
-    }
-
     /// Whether every free row is zero and `in_use` lists the rows in use, each once (for
     /// checks; a counter above the threshold cannot be made: [`ReadCounts::bump`] saturates).
     pub fn check(&self, in_use: impl Iterator<Item = u32>) -> Result<(), String> {
@@ -243,7 +231,6 @@ mod tests {
                     _ if !live.is_empty() => {
                         let row = live[rng.below(live.len() as u64) as usize];
                         let node = rng.below(u64::from(nodes)) as u32;
-                        c.prefetch(row, node);
                         let e = exact.entry((row, node)).or_insert(0);
                         *e += 1;
                         assert_eq!(c.bump(row, node), (*e).min(cap.max(1)));

@@ -39,8 +39,7 @@ use crate::workload::{Request, SegId, TokenArena, Trace};
 /// The value of the header's `format` key.
 pub const FORMAT_TAG: &str = "meshsim-trace";
 
-/// Most tokens all segments of a file may hold together.
-pub const MAX_ARENA_TOKENS: u64 = 1 << 31;
+pub use crate::workload::MAX_ARENA_TOKENS;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

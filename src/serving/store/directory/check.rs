@@ -115,7 +115,7 @@ impl Directory {
             }
         }
         match &self.reads {
-            Some(reads) => reads.check(self.tensors.iter().map(|(_, t)| t.reads))?,
+            Some(reads) => reads.check(self.tensors.values().map(|t| t.reads))?,
             None => {
                 if let Some((id, _)) = self.tensors.iter().find(|(_, t)| t.reads != NO_ROW) {
                     return Err(format!(

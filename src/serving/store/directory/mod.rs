@@ -75,7 +75,6 @@
 use std::collections::HashMap;
 
 use super::eviction::{Access, Eviction, EvictionQueue};
-use super::id_map::IdMap;
 use super::read_counts::{NO_ROW, ReadCounts};
 use crate::hash::IdBuildHasher;
 use crate::metrics::{StoreStats, Tier};
@@ -149,12 +148,8 @@ pub enum StoreEvent {
     },
 }
 
-/// A stored tensor's record: two 64-byte lines, aligned (`repr(C)`), with what a lookup
-/// reads of each tensor it plans to load (its replicas' count, lease, owner, tier and
-/// region) in the first. Unaligned, the records' 104 bytes in the map's `Vec` spread over
-/// two or three lines, and a lookup's fields over two.
+/// A stored tensor's record.
 #[derive(Clone, Debug)]
-#[repr(C, align(64))]
 struct Tensor {
     replicas: Vec<u32>,
     /// Until when (ns) a read lease holds it (see [`Directory::set_lease`]); 0: never leased.
@@ -172,11 +167,6 @@ struct Tensor {
     parent: Option<TensorId>,
     children: Vec<TensorId>,
 }
-
-// Two lines a tensor, what a lookup reads in the first.
-const _: () = assert!(std::mem::size_of::<Tensor>() == 128);
-const _: () = assert!(std::mem::offset_of!(Tensor, loc) < 64);
-const _: () = assert!(std::mem::offset_of!(Tensor, reads) + 4 <= 64);
 
 impl Tensor {
     /// The count of children owned by the same node and in tier `loc`.
@@ -299,7 +289,7 @@ struct Served {
 #[derive(Debug)]
 pub struct Directory {
     params: StoreParams,
-    tensors: IdMap<Tensor>,
+    tensors: HashMap<TensorId, Tensor, IdBuildHasher>,
     servers: Vec<Server>,
     /// Each node's remote reads of each tensor, when the store replicates (PTStore).
     reads: Option<ReadCounts>,
@@ -346,7 +336,7 @@ impl Directory {
             .map(|after| ReadCounts::new(params.nodes, after));
         Directory {
             params,
-            tensors: IdMap::default(),
+            tensors: HashMap::default(),
             servers,
             reads,
             region_tail: HashMap::default(),
@@ -455,173 +445,6 @@ impl Directory {
             .is_some_and(|t| t.lease_until > self.now_ns)
     }
 
-    /// Finds the stored prefix of `chain` for a reader on `reader`, and plans loading the
-    /// stored tensors after the first `skip` (those the reader already has). Counts as an
-    /// access to every tensor it plans to load.
-    pub fn lookup(&mut self, chain: &[TensorId], skip: usize, reader: u32) -> LoadPlan {
-        // The chain's slots, then its records, asked for before the walk, so that their
-        // misses overlap instead of coming one step at a time (see `IdMap`).
-        for &id in chain {
-            self.tensors.prefetch(id);
-        }
-        for &id in chain {
-            self.tensors.prefetch_record(id);
-        }
-        // One probe of the tensor map per tensor: the skipped ones are only counted, and what
-        // serves each of the others (the reader's replica, or the owner's copy) is noted for
-        // the plan and the accesses below.
-        let mut k = chain[..skip.min(chain.len())]
-            .iter()
-            .take_while(|id| self.tensors.contains_key(id))
-            .count();
-        let mut served = std::mem::take(&mut self.scratch);
-        served.clear();
-        let until = self.now_ns.saturating_add(self.lease_ns);
-        if k == skip {
-            let replicas = &self.servers[reader as usize].replicas;
-            for id in &chain[skip..] {
-                let Some(t) = self.tensors.get_mut(id) else {
-                    break;
-                };
-                if self.lease_ns > 0 {
-                    t.lease_until = until;
-                }
-                // A tensor with no replica anywhere has none on the reader (the replica map
-                // and the tensors' replica lists agree, see the check): no probe of the map.
-                let replica = if t.replicas.is_empty() {
-                    None
-                } else {
-                    replicas.get(id)
-                };
-                served.push(match replica {
-                    Some(r) => Served {
-                        node: reader,
-                        loc: Location::Host,
-                        region: r.region,
-                        replica: true,
-                        reads: t.reads,
-                    },
-                    None => Served {
-                        node: t.owner,
-                        loc: t.loc,
-                        region: t.region,
-                        replica: false,
-                        reads: t.reads,
-                    },
-                });
-            }
-            k += served.len();
-        }
-        let mut plan = LoadPlan {
-            stored_chunks: k as u32,
-            ..LoadPlan::default()
-        };
-        if k <= skip {
-            self.scratch = served;
-            return plan;
-        }
-        // The planned tensors were leased in the pass above; the skipped ones (the reader
-        // holds them) are on the path too.
-        if self.lease_ns > 0 {
-            for id in &chain[..skip] {
-                if let Some(t) = self.tensors.get_mut(id) {
-                    t.lease_until = until;
-                }
-            }
-        }
-        let bytes = self.params.tensor_bytes;
-        let mut last: Option<(u32, Location, u64)> = None;
-        let mut replicate_now = false;
-        let mut remote = Vec::new();
-        for (i, s) in served.iter().enumerate() {
-            let (node, loc, region) = (s.node, s.loc, s.region);
-            let tier = match (node == reader, loc) {
-                (true, Location::Host) => Tier::LocalHost,
-                (true, Location::Ssd) => Tier::LocalSsd,
-                (false, Location::Host) => Tier::RemoteHost,
-                (false, Location::Ssd) => Tier::RemoteSsd,
-            };
-            let new_segment = last != Some((node, loc, region));
-            last = Some((node, loc, region));
-            let group = match plan
-                .groups
-                .iter_mut()
-                .find(|g| g.node == node && g.location == loc)
-            {
-                Some(g) => g,
-                None => {
-                    plan.groups.push(LoadGroup {
-                        node,
-                        location: loc,
-                        tier,
-                        tensors: 0,
-                        bytes: 0,
-                        segments: 0,
-                        // At most the tensors left to plan.
-                        indices: Vec::with_capacity(served.len() - i),
-                        epoch: 0,
-                    });
-                    plan.groups.last_mut().expect("just pushed")
-                }
-            };
-            group.tensors += 1;
-            group.indices.push((skip + i) as u32);
-            group.bytes += bytes;
-            group.segments += new_segment as u32;
-            if node != reader && self.params.replicate_after_reads.is_some() {
-                remote.push(chain[skip + i]);
-            }
-        }
-        // The reader's counts of remote reads, one for each remote tensor planned: their
-        // words asked for all together first, so that the bumps' misses overlap.
-        if let (Some(after), Some(reads)) = (self.params.replicate_after_reads, &mut self.reads) {
-            let remote_rows = || served.iter().filter(|s| s.node != reader).map(|s| s.reads);
-            for row in remote_rows() {
-                reads.prefetch(row, reader);
-            }
-            for row in remote_rows() {
-                replicate_now |= reads.bump(row, reader) >= after;
-            }
-        }
-        // One access to the copy that serves each planned tensor (see "Access counts" in the
-        // module doc): the reader's replica if it has one, else the owner's tensor. Their
-        // entries in the eviction queues of their nodes are asked for first, slots and then
-        // entries, so that the misses overlap (as the walk's above); at 2,240 GPUs the
-        // touches waited for each, and were two fifths of a lookup. Touched from the last
-        // tensor to the first, so that under LRU a prefix's early tensors are the most recent.
-        let servers = &self.servers;
-        let queue = |s: &Served| {
-            let server = &servers[s.node as usize];
-            match (s.replica, s.loc) {
-                (true, _) => &server.replica_q,
-                (false, Location::Host) => &server.host_q,
-                (false, Location::Ssd) => &server.ssd_q,
-            }
-        };
-        for (s, &id) in served.iter().zip(&chain[skip..]) {
-            queue(s).prefetch(id);
-        }
-        for (s, &id) in served.iter().zip(&chain[skip..]) {
-            queue(s).prefetch_entry(id);
-        }
-        for (i, s) in served.iter().enumerate().rev() {
-            let id = chain[skip + i];
-            self.tick += 1;
-            let tick = self.tick;
-            let server = &mut self.servers[s.node as usize];
-            match (s.replica, s.loc) {
-                (true, _) => server.replica_q.touch(id, tick),
-                (false, Location::Host) => server.host_q.touch(id, tick),
-                (false, Location::Ssd) => server.ssd_q.touch(id, tick),
-            }
-        }
-        self.scratch = served;
-        if replicate_now {
-            plan.replicate = remote;
-        }
-        plan
-    }
-
     /// Stores the tensors of `chain` beyond its stored prefix, owned by `owner`.
     pub fn insert(&mut self, chain: &[TensorId], owner: u32) -> InsertOutcome {
         let mut out = InsertOutcome::default();
@@ -712,5 +535,6 @@ impl Directory {
 
 mod check;
 mod evict;
+mod lookup;
 #[cfg(test)]
 pub(crate) mod tests;

@@ -5,16 +5,15 @@
 //! NVMe-oF targets and Mooncake's transfer engine do); writes from local GPUs
 //! land in host memory and are registered with the metadata service; demotions decided by the
 //! metadata service are written to SSD in the background (they occupy the SSD write channel).
-
 //!
 //! Under the live host the server also holds the real bytes of what the directory places on
-//! its node ([`super::memory`]): a write's K/V lands in its staging area, and the metadata
+//! its node ([`super::store::memory`]): a write's K/V lands in its staging area, and the metadata
 //! service's [`Msg::Apply`] says what to keep, move and free. The protocol is the same; a
 //! simulated server has no memory and ignores the bytes (there are none).
 
 use std::sync::Arc;
 
-use super::memory::ClusterMemory;
+use super::store::memory::ClusterMemory;
 use crate::actor::{Actor, ActorId, Context, Work, unexpected};
 use crate::metrics::Report;
 use crate::serving::Msg;

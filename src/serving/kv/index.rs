@@ -1,12 +1,12 @@
 //! The hash index of a block pool: hash of a segment's first block -> segment.
 //!
-//! The pool keeps registered blocks in segments (see [`crate::serving::block_pool`]): runs of
+//! The pool keeps registered blocks in segments (see [`crate::serving::kv`]): runs of
 //! blocks at consecutive chain positions, found from their first hash, so only that hash
 //! needs an entry here. That is one entry or a few per prompt instead of one per block (a
 //! SQuAD prompt is 258 blocks), so the table is small and stays in the cache, where a table
-//! with an entry per block (twice the pool's blocks, a few hundred KiB) cost a cache miss per
-//! registered block at cluster scale. Below, a *block* is what an entry names: for the pool,
-//! a segment's slot.
+//! with an entry per block (twice the pool's blocks, a few hundred KiB) would cost a cache
+//! miss per registered block at cluster scale. Below, a *block* is what an entry names: for
+//! the pool, a segment's slot.
 //!
 //! An open-addressing table with linear probing: a key's home slot is given by its top 32
 //! bits (keys are already well-mixed 64-bit block hashes, see [`crate::hash`]), and a lookup
@@ -17,14 +17,14 @@
 //! segment's first hash), so every operation asks the pool for a block's hash (`hash_of`),
 //! and a slot is *live* when its block holds a hash with the slot's tag.
 //!
-//! **Evictions do not touch the table.** When a segment loses its last block, the slot that
-//! named it becomes *stale* and is skipped by lookups (the segment no longer holds the key).
-//! When full slots reach 3/4 of the table, [`BlockIndex::make_room`] keeps the live slots
-//! and sizes the table to four times their number (at least [`MIN_SLOTS`], at most
-//! `2 * max + 1` for a pool of `max` blocks, which holds every block with room to spare): a rebuild comes after at least as many insertions as the entries it
-//! keeps, probe runs stay short, and the table always has an empty slot. A stale slot that
-//! names a block being indexed again under a key with the same tag lies on the key's probe
-//! path and is reused, so live slots never name a block twice.
+//! **Evictions do not touch the table.** When a segment loses its last block, the slot that named
+//! it becomes *stale* and is skipped by lookups (the segment no longer holds the key). When full
+//! slots reach 3/4 of the table, [`BlockIndex::make_room`] keeps the live slots and sizes the table
+//! to four times their number (at least [`MIN_SLOTS`], at most `2 * max + 1` for a pool of `max`
+//! blocks, which holds every block with room to spare): a rebuild comes after at least as many
+//! insertions as the entries it keeps, probe runs stay short, and the table always has an empty
+//! slot. A stale slot that names a block being indexed again under a key with the same tag lies on
+//! the key's probe path and is reused, so live slots never name a block twice.
 //!
 //! Why not `HashMap`: entries are checked against the pool's hashes (8-byte slots), stale
 //! entries cost nothing until a rebuild, and nothing iterates the table except checks and
@@ -92,13 +92,6 @@ impl BlockIndex {
     /// The home slot of a key with tag `t`.
     fn home(&self, t: u32) -> usize {
         ((u64::from(t) * self.slots.len() as u64) >> 32) as usize
-    }
-
-    /// Asks for the line of `key`'s home slot, where its lookup starts (a cache hint, see
-    /// [`crate::sim::prefetch`]).
-    pub fn hint(&self, key: u64) {
-        let home = self.slots.as_ptr().wrapping_add(self.home(tag(key)));
-        crate::sim::prefetch::line(home.cast());
     }
 
     fn next(&self, i: usize) -> usize {

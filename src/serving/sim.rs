@@ -1,71 +1,36 @@
-//! Running a serving scenario: generate its trace once, simulate every policy on it (at every
-//! sweep point), write results.
+//! Simulating a serving scenario: generate its trace once ([`super::build`]), simulate every
+//! policy on it (at every sweep point) on the simulator's host ([`crate::sim::host`]).
 //!
 //! Policies run in parallel threads (at most one per core); each simulation is a pure function
 //! of the scenario, the seed and the policy, so the results do not depend on the thread count.
 //! Results are written into a temporary folder beside the target and swapped into place at
-//! the end ([`crate::results::output`]), so a failed run never leaves half-written files. Plots and
-//! `report.md` are made from the CSV files in that temporary folder ([`crate::results::plot`]) before
-//! the swap.
+//! the end ([`crate::results::output`]), so a failed run never leaves half-written files.
+//! Plots and `report.md` are made from the CSV files in that temporary folder
+//! ([`crate::results::plot`]) before the swap.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use crate::actor::{Actor, ActorId};
-use crate::backend::BatchBackend;
+use super::Msg;
+use super::build::actors;
+use super::chaos::{Chaos, Targets};
+use super::outcome::PolicyRun;
+use super::policy::PolicyKind;
+use super::scenario::Scenario;
+use crate::fault::Fault;
 use crate::hardware::Place;
-use crate::hardware::network::{LinkBytes, Network};
+use crate::hardware::network::Network;
+use crate::metrics::Summary;
 use crate::metrics::write::write_request_rows;
-use crate::metrics::{Report, Summary};
-use crate::model::cost::BatchShape;
+use crate::results::RunError;
 use crate::results::output::Scratch;
 use crate::results::plot::{Latencies, run_name};
-use crate::results::{RequestRows, RunError};
-use crate::serving::Msg;
-use crate::serving::chaos::{Chaos, Targets};
-use crate::serving::cluster::ActorSpec;
-use crate::serving::kv_routing::KvRouting;
-use crate::serving::policy::Policy;
-use crate::serving::policy::PolicyKind;
-use crate::serving::prompt_hashes::PromptHashes;
-use crate::serving::router::{Router, RouterStrategy};
-use crate::serving::scenario::Scenario;
-use crate::serving::store::StoreRules;
-use crate::serving::store::directory::{Directory, StoreParams};
-use crate::serving::store::memory::ClusterMemory;
-use crate::serving::store::metadata::Metadata;
-use crate::sim::fault::Fault;
 use crate::sim::host::{DEFAULT_CHECK_EVERY, SimHost};
 use crate::sim::host::{FetchOverhead, MemoryLoss};
 use crate::sim::kernel::SimError;
 use crate::sim::progress::{Board, Progress};
 use crate::units::Nanos;
-use crate::workload::TraceError;
-use crate::workload::replay;
-use crate::workload::{Trace, WorkloadSpec, qa};
-
-/// One policy's simulation.
-#[derive(Debug)]
-pub struct PolicyRun {
-    pub policy: PolicyKind,
-    pub report: Report,
-    pub summary: Summary,
-    pub link_bytes: LinkBytes,
-    /// Wall-clock time of the simulation (not reproducible; console only).
-    pub wall: Duration,
-    /// Where the run's `requests.csv` rows went when it was spooled ([`Spool`]); its
-    /// `report.records` are then empty, and `latencies` holds what the plots need of them.
-    pub spooled: Option<PathBuf>,
-    /// A spooled run's latencies, as the plots read them from its rows (`None` otherwise).
-    pub latencies: Option<crate::results::plot::Latencies>,
-    /// Live runs: how its outputs compare with vanilla's ([`crate::serving::live`]).
-    pub output_check: Option<crate::serving::live::OutputCheck>,
-    /// Live runs: where the time of the instances' iterations went.
-    pub timing: Option<crate::backend::Timing>,
-    /// Live runs across processes: what moved between them.
-    pub across: Option<crate::serving::cluster::AcrossProcesses>,
-}
+use crate::workload::Trace;
 
 /// Where finished simulations write their `requests.csv` rows, so that a run does not hold
 /// every policy's per-request records until the end: one file of rows (no header) per job in a
@@ -107,68 +72,6 @@ impl Spool<'_> {
         run.report.records = Vec::new();
         run.spooled = Some(path);
         Ok(())
-    }
-}
-
-/// The store's sizes and GDSF costs, from the scenario's hardware and model.
-pub fn store_params(s: &Scenario, rules: &StoreRules) -> StoreParams {
-    let hw = &s.hardware;
-    let g = s.store.tensor_tokens as u64;
-    let cost = s.batch_backend();
-    let prefill = |cached: u64| {
-        let mut b = BatchShape::default();
-        b.add(g, cached, false);
-        cost.price(&b).0 as f64
-    };
-    let base = prefill(0);
-    StoreParams {
-        nodes: hw.nodes,
-        tensor_bytes: g * s.model.kv_bytes_per_token(),
-        host_capacity: s.store.host_capacity_bytes,
-        replica_capacity: (s.store.host_capacity_bytes as f64 * rules.replica_fraction) as u64,
-        ssd_capacity: s.store.ssd_capacity_bytes,
-        eviction: rules.eviction,
-        consolidate: rules.consolidate,
-        replicate_after_reads: rules.replicate_after_reads,
-        host_ns_per_byte: 1e9 / hw.pcie.bandwidth,
-        ssd_ns_per_byte: 1e9 / (hw.ssd.drives as f64 * hw.ssd.read_bandwidth_per_drive),
-        net_ns_per_byte: 1e9 / hw.network.nic.bandwidth,
-        recompute_base_ns: base,
-        recompute_per_index_ns: prefill(g) - base,
-    }
-}
-
-/// Builds the scenario's trace: generated, or loaded from its dataset or trace file. A
-/// replayed request that arrives after the time limit or whose prompt is longer than the
-/// model's context is an error naming its line (the scenario checks generated prompts).
-pub fn trace(s: &Scenario) -> Result<Trace, TraceError> {
-    match &s.workload {
-        WorkloadSpec::Generated(w) => {
-            let t = qa::generate(w, s.model.vocab as u32, s.seed);
-            // The scenario checked the expected span; a Poisson tail may still pass the limit.
-            match t.requests.last() {
-                Some(r) if r.arrival > s.limits.max_time => Err(TraceError::whole(
-                    Path::new(&s.name),
-                    "workload.arrival_rate_per_s",
-                    format!(
-                        "the last request arrives at {:.3} s, after limits.max_sim_time_s = {}",
-                        r.arrival.as_secs_f64(),
-                        s.limits.max_time.as_secs_f64()
-                    ),
-                )),
-                _ => Ok(t),
-            }
-        }
-        WorkloadSpec::Replay(spec) => {
-            let loaded = replay::load(spec, s.seed)?;
-            loaded.check_fits(
-                &spec.path,
-                s.limits.max_time,
-                s.model.max_context,
-                s.model.name,
-            )?;
-            Ok(loaded.trace)
-        }
     }
 }
 
@@ -237,89 +140,6 @@ pub fn simulate_watched(
         timing: None,
         across: None,
     })
-}
-
-/// Actors with their places, in id order.
-pub type Placed = Vec<(Box<dyn Actor<Msg>>, Place)>;
-
-/// The actors of one policy's run with their places, in id order (router, instances,
-/// metadata, store servers), and the targets of fault injection. Both hosts run exactly
-/// these: `backend` gives instance `i` its batch backend; with `memory` the store servers
-/// hold real bytes (the live host).
-pub fn actors(
-    s: &Scenario,
-    trace: Arc<Trace>,
-    policy: PolicyKind,
-    backend: &mut dyn FnMut(u32) -> Box<dyn BatchBackend>,
-    memory: Option<Arc<ClusterMemory>>,
-) -> (Placed, Targets) {
-    let policy_impl: Arc<dyn Policy> = Arc::from(policy.build(&s.store));
-    let n = s.instances();
-    let router_id = ActorId(0);
-    let instance_ids: Vec<ActorId> = (0..n).map(|i| ActorId(1 + i)).collect();
-    let metadata_id = ActorId(1 + n);
-    let server_ids: Vec<ActorId> = (0..s.hardware.nodes).map(|i| ActorId(2 + n + i)).collect();
-    let rules = policy_impl.store_rules();
-    let nodes: Vec<u32> = (0..n)
-        .map(|i| s.instance_place(i).node().unwrap_or(0))
-        .collect();
-    let hashes = Arc::new(PromptHashes::new(trace.clone()));
-    let mut router = Router::new(
-        trace.clone(),
-        instance_ids.clone(),
-        nodes.clone(),
-        s.serving.router,
-    )
-    .with_prompt_hashes(hashes.clone());
-    if s.serving.router == RouterStrategy::KvAware {
-        let cfg = &s.serving.instance;
-        router = router.with_kv(KvRouting::new(
-            n as usize,
-            cfg.num_blocks,
-            cfg.block_size,
-            s.serving.kv_overlap_weight,
-        ));
-    }
-    let mut list: Placed = vec![(Box::new(router), Place::Frontend)];
-    // Instances and store servers from their specs (the constructors a node uses too).
-    let mut servers: Vec<(Box<dyn Actor<Msg>>, Place)> = Vec::new();
-    for (id, spec, place) in crate::serving::cluster::specs(s, policy) {
-        match spec {
-            ActorSpec::Instance(i) => {
-                debug_assert_eq!(list.len() as u32, id);
-                let instance = i.actor(
-                    trace.clone(),
-                    hashes.clone(),
-                    policy_impl.clone(),
-                    backend(i.index),
-                );
-                list.push((Box::new(instance), place));
-            }
-            ActorSpec::Server(sv) => servers.push((Box::new(sv.actor(memory.clone())), place)),
-        }
-    }
-    if let Some(rules) = rules {
-        let mut dir = Directory::new(store_params(s, &rules));
-        dir.set_lease(s.store.read_lease.0);
-        let mut metadata = Metadata::new(dir, s.store.metadata_service, server_ids.clone());
-        if memory.is_some() {
-            metadata = metadata.with_bytes();
-        }
-        debug_assert_eq!(list.len() as u32, metadata_id.0);
-        list.push((Box::new(metadata), Place::Host { node: 0 }));
-        list.extend(servers);
-    }
-    let targets = Targets {
-        router: router_id,
-        instances: instance_ids.into_iter().zip(nodes).collect(),
-        metadata: rules.map(|_| metadata_id),
-        servers: if rules.is_some() {
-            server_ids
-        } else {
-            Vec::new()
-        },
-    };
-    (list, targets)
 }
 
 /// Adds the scenario's faults: hardware ones to the host, the others to a fault injector
@@ -492,7 +312,7 @@ pub fn simulate_share(
         let mine: Vec<usize> = (i..i + sc.policies.len()).filter(|&j| owns(j)).collect();
         if !mine.is_empty() {
             let started = Instant::now();
-            let t = Arc::new(trace(sc)?);
+            let t = Arc::new(super::build::trace(sc)?);
             tracing::info!(
                 point = label.unwrap_or(""),
                 requests = t.requests.len(),
@@ -525,36 +345,4 @@ pub fn simulate_share(
         .zip(index)
         .map(|(r, i)| r.map(|r| (i, r)))
         .collect()
-}
-
-/// Writes `requests.csv`, `summary.csv` and `scenario.toml` into `dir`, replacing it whole,
-/// then the plots and `report.md` made from those files. Runs that were spooled give their
-/// rows from their files (all runs are spooled, or none).
-pub fn write_results(
-    s: &Scenario,
-    runs: &[PolicyRun],
-    dir: &Path,
-) -> std::io::Result<crate::results::Written> {
-    let summaries: Vec<Summary> = runs.iter().map(|r| r.summary.clone()).collect();
-    let spooled: Option<Vec<&Path>> = runs.iter().map(|r| r.spooled.as_deref()).collect();
-    if let Some(files) = spooled.filter(|f| !f.is_empty()) {
-        let rows = RequestRows::Spooled {
-            swept: !s.points.is_empty(),
-            files,
-        };
-        // Read back from the rows if a run kept none.
-        let latencies: Option<Vec<_>> = runs.iter().map(|r| r.latencies.clone()).collect();
-        return crate::results::write_results_dir_with(&s.text, rows, &summaries, latencies, dir);
-    }
-    let records: Vec<(Option<&str>, &str, &[crate::metrics::RequestRecord])> = runs
-        .iter()
-        .map(|r| {
-            (
-                r.summary.point.as_deref(),
-                r.policy.name(),
-                r.report.records.as_slice(),
-            )
-        })
-        .collect();
-    crate::results::write_results_dir(&s.text, &records, &summaries, dir)
 }

@@ -11,10 +11,10 @@
 //! When the servers hold real bytes (the live host, [`Metadata::with_bytes`]), the service
 //! also tells every server whose holdings a request changed what changed ([`Msg::Apply`],
 //! leaving at once, in the order the directory made the changes; see
-//! [`super::memory`]). Under the simulator no such message exists, so simulated results do
+//! [`super::store::memory`]). Under the simulator no such message exists, so simulated results do
 //! not depend on it.
 
-use super::directory::{Directory, TensorId};
+use super::store::directory::{Directory, TensorId};
 use crate::actor::{Actor, ActorId, Context, Then, Work, unexpected};
 use crate::metrics::{Report, StoreReport};
 use crate::serving::Msg;

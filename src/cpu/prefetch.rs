@@ -1,4 +1,5 @@
-//! Cache hints: asking the processor to load memory that is about to be read.
+//! Cache hints: asking the processor to load memory that is about to be read. The simulator's
+//! host and event kernel use them; actors never do.
 //!
 //! At cluster scale the state of thousands of actors does not fit in the processor's caches,
 //! so the first read of an actor's state at each of its events is a cache miss, and so is
@@ -47,8 +48,7 @@ fn each_line(p: *const u8, bytes: usize, mut f: impl FnMut(*const u8)) {
     let start = p.wrapping_sub(skew);
     let end = skew + n;
     // A plain loop: the simulator asks for a few dozen lines an event, and a `step_by`
-    // iterator cost several instructions a line (1 % of a vanilla round's instructions at
-    // 2,240 GPUs, counted with callgrind).
+    // iterator costs several instructions a line.
     let mut offset = 0;
     // Bounded: at most `MAX_BYTES / LINE + 1` lines.
     while offset < end {
@@ -69,22 +69,6 @@ pub fn line(p: *const u8) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
-}
-
-/// Most lines of an actor's [`Hot`](crate::actor::Hot) region that [`hot`] asks for.
-pub const MAX_HOT_LINES: u32 = 32;
-
-/// Asks for the first line of each of the (at most [`MAX_HOT_LINES`]) elements of `h`, and
-/// for its other values.
-#[inline]
-pub fn hot(h: crate::actor::Hot) {
-    let stride = h.stride.max(1) as usize;
-    for i in 0..u32::from(h.count).min(MAX_HOT_LINES) as usize {
-        line(h.base.wrapping_add(i * stride) as *const u8);
-    }
-    for (at, n) in h.values.into_iter().zip(h.value_bytes) {
-        bytes(at as *const u8, n as usize);
-    }
 }
 
 #[cfg(test)]

@@ -10,44 +10,32 @@
 //! from there: the result is exactly [`Trace::block_hashes`]'s (a test checks it).
 //!
 //! **Hashed four at a time.** A block's hash is one dependent multiply a token, so hashing one
-//! context window (4,128 tokens) keeps one multiply in flight and the processor mostly idle.
-//! When the memo lacks a request's leading segments, it also takes those of the next requests
-//! (up to [`LOOKAHEAD`] of them) that it lacks, up to four lists in all, and folds them in
-//! lockstep ([`crate::hash::chains`]). A `sim_scale` round at 2,240 GPUs hashes 3,405
-//! windows (14 M tokens) this way; its third run (32 GPUs, the full cluster's requests a GPU)
-//! hashes a new window for every other request.
-//!
-//! **Asked for ahead.** Requests reach the instances in id order, so hashing a prompt asks
-//! the processor for what hashing the next few will read first (their records, lists of
-//! segments, questions' entries and tokens: `PromptHashes::prefetch_ahead`); at cluster
-//! scale each was a cache miss waiting on the one before.
+//! context window (4,128 tokens) keeps one multiply in flight and the processor mostly idle. When
+//! the memo lacks a request's leading segments, it also takes those of the next requests (up to
+//! [`LOOKAHEAD`] of them) that it lacks, up to four lists in all, and folds them in lockstep
+//! ([`crate::hash::chains`]). A run at cluster scale hashes thousands of windows this way, and a
+//! smaller one with as many requests a GPU hashes a new window for about every other request.
 //!
 //! **Shared, not copied.** A prompt's hashes are a [`ChainHashes`]: the memo's array for its
-//! leading segments, shared, then its last segment's blocks (in place when they are few, as
-//! a question's are; else an array of their own). Every
-//! request with the same leading segments, and every pool segment that registers their
-//! blocks (see [`crate::serving::block_pool`]), holds the same array: at cluster scale, where
-//! a copy of a SQuAD prompt's 2 KiB of hashes per request and per registration was a stream
-//! of cache misses (and the pools' copies hundreds of MiB), the leading hashes are in memory
-//! once per list of segments.
+//! leading segments, shared, then its last segment's blocks (in place when they are few, as a
+//! question's are; else an array of their own). Every request with the same leading segments, and
+//! every pool segment that registers their blocks (see [`crate::serving::kv`]), holds the same
+//! array: at cluster scale, where a copy of a SQuAD prompt's 2 KiB of hashes per request and per
+//! registration would be a stream of cache misses (and the pools' copies hundreds of MiB), the
+//! leading hashes are in memory once per list of segments.
 //!
-//! **Lists by number.** At the first prompt hashed, every request's list of leading segments
-//! is given a number, the same for equal lists (`Leads`: one pass over the trace, a map from a
-//! list's 64-bit hash to its number, with the list compared on a hit), and the memo is an
-//! array by that number (an entry a list: 40 bytes, besides the 4 bytes a request of the
-//! numbers; bounded by the trace). A prompt's chain is then one read of a known place, which can be asked for
-//! ahead like the requests' records: the memo was a hash map keyed by a hash of the block
-//! size and the list, whose probe, entry and kept list were three cold reads a request at
-//! cluster scale (`perf`: the probe's first load alone was 29 % of `chain_hashes`' samples in
-//! `sim_scale`'s local-prefix round at 2,240 GPUs, `chain_hashes` 9 % of the round's). Three-
-//! round pairs at 2,240 GPUs, this against the map: local-prefix medians 1.018 and 1.029,
-//! evostore 1.036; the pass that numbers the lists is in the timed run. An entry keeps its
-//! block size, so a chain of another block size is replaced.
-//! The memo is bounded: when it holds more than [`MEMO_HASHES`] hashes it is emptied and
-//! filled again as prompts come (the arrays that requests and pools still hold live on with
-//! them, and go with the last of them). It only ever saves work, so its contents never change
-//! a result. One memo serves every actor of a simulation (a lock that is never contended: a
-//! simulation runs on one thread).
+//! **Lists by number.** At the first prompt hashed, every request's list of leading segments is
+//! given a number, the same for equal lists (`Leads`: one pass over the trace, a map from a list's
+//! 64-bit hash to its number, with the list compared on a hit), and the memo is an array by that
+//! number (an entry a list: 40 bytes, besides the 4 bytes a request of the numbers; bounded by the
+//! trace). A prompt's chain is then one read of a known place, which can be asked for ahead like
+//! the requests' records, where a hash map keyed by a hash of the block size and the list would
+//! cost a probe, an entry and a kept list: three cold reads a request at cluster scale. An entry
+//! keeps its block size, so a chain of another block size is replaced. The memo is bounded: when it
+//! holds more than [`MEMO_HASHES`] hashes it is emptied and filled again as prompts come (the
+//! arrays that requests and pools still hold live on with them, and go with the last of them). It
+//! only ever saves work, so its contents never change a result. One memo serves every actor of a
+//! simulation (a lock that is never contended: a simulation runs on one thread).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -81,44 +69,12 @@ struct Memo {
     gather: [Vec<u32>; LANES],
 }
 
-impl Memo {
-    /// Asks for the memo's entries of the next requests' lists, in two steps: the entry of
-    /// the request [`AHEAD`] twice after `i`, and the count of the shared array of the one
-    /// [`AHEAD`] after it (whose entry the step before asked for), which taking the array
-    /// changes. A hint only: it changes no result.
-    #[inline]
-    fn prefetch(&self, leads: &Leads, i: usize) {
-        if let Some(n) = leads.get(i + 2 * AHEAD) {
-            let slot = &self.chains[n as usize];
-            crate::sim::prefetch::bytes(
-                (slot as *const Option<Chain>).cast(),
-                std::mem::size_of::<Option<Chain>>(),
-            );
-        }
-        if let Some(n) = leads.get(i + AHEAD)
-            && let Some(chain) = &self.chains[n as usize]
-        {
-            // The counts sit just before the hashes (two words: `Arc`'s layout today; a hint
-            // to the wrong line would only be a wasted hint).
-            let data: *const u8 = Arc::as_ptr(&chain.hashes).cast();
-            crate::sim::prefetch::line(data.wrapping_sub(2 * std::mem::size_of::<usize>()));
-        }
-    }
-}
-
 /// Most lists of leading segments hashed together (see [`crate::hash::chains`]).
 const LANES: usize = 4;
 
 /// How many requests after one whose leading segments the memo lacks are looked at for
 /// others it lacks, to hash them together.
 const LOOKAHEAD: usize = 64;
-
-/// Bytes of a request's last segment asked for ahead of hashing it (a SQuAD question is a
-/// few dozen tokens).
-const QUESTION_BYTES: usize = 128;
-
-/// Requests between the steps of [`PromptHashes::prefetch_ahead`].
-const AHEAD: usize = 2;
 
 /// Most hashes a [`ChainHashes`] keeps in place after its shared array. A SQuAD prompt's
 /// own blocks (the end of its context's partial block and its question) are one to three:
@@ -371,7 +327,6 @@ impl PromptHashes {
     /// [`Trace::block_hashes`] gives them, sharing the memo's array of its leading segments'
     /// blocks (see the module doc).
     pub fn chain_hashes(&self, id: ReqId, block_size: usize) -> ChainHashes {
-        self.prefetch_ahead(id);
         let segments = &self.trace.request(id).segments;
         let Some((last, leading)) = segments.split_last() else {
             return ChainHashes::default();
@@ -394,7 +349,6 @@ impl PromptHashes {
         let Some(lead) = leads.get(i) else {
             unreachable!("request {i} has leading segments but no list number");
         };
-        memo.prefetch(leads, i);
         let has = |memo: &Memo, n: u32| {
             memo.chains[n as usize]
                 .as_ref()
@@ -457,35 +411,6 @@ impl PromptHashes {
         }
     }
 
-    /// Asks the processor for what hashing the next requests' prompts reads first, in four
-    /// steps a few requests apart: the request's record, its list of segments, its last
-    /// segment's entry in the arena, that segment's tokens. Requests arrive at the instances
-    /// in id order, so the calls for the next ones come within a few events, and at cluster
-    /// scale each of these reads was a cache miss that waited for the one before (`perf`:
-    /// each step needs two calls between its hint and its read, one was too few). A hint
-    /// only: it changes no result.
-    fn prefetch_ahead(&self, id: ReqId) {
-        let requests = &self.trace.requests;
-        let i = id.0 as usize;
-        if let Some(r) = requests.get(i + 4 * AHEAD) {
-            let at: *const u8 = (r as *const crate::workload::Request).cast();
-            crate::sim::prefetch::line(at);
-            crate::sim::prefetch::line(at.wrapping_add(std::mem::size_of_val(r) - 1));
-        }
-        if let Some(r) = requests.get(i + 3 * AHEAD) {
-            crate::sim::prefetch::line(r.segments.as_ptr().cast());
-        }
-        let arena = &self.trace.arena;
-        if let Some(&last) = requests.get(i + 2 * AHEAD).and_then(|r| r.segments.last()) {
-            crate::sim::prefetch::line(arena.entry_addr(last));
-        }
-        if let Some(&last) = requests.get(i + AHEAD).and_then(|r| r.segments.last())
-            && let Some(at) = arena.tokens_addr(last)
-        {
-            crate::sim::prefetch::bytes(at, QUESTION_BYTES);
-        }
-    }
-
     /// The chains after each list of segments (at most [`LANES`]), from the start of a
     /// prompt, hashed together.
     fn chains(
@@ -502,7 +427,7 @@ impl PromptHashes {
                 buf.extend_from_slice(&self.trace.arena.segment(s));
             }
         }
-        // Sized once: grown from empty, a SQuAD context's 250-odd hashes took eight
+        // Sized once: grown from empty, a SQuAD context's 250-odd hashes would take eight
         // reallocations, the last three large enough that glibc first merges every small
         // free chunk it holds.
         let mut outs: Vec<Vec<u64>> = gather[..lists.len()]
@@ -546,187 +471,4 @@ fn lanes<const N: usize>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::units::Nanos;
-    use crate::workload::{Request, TokenArena};
-
-    /// A trace of one request per prompt (a list of segments of `arena`).
-    fn trace_of(arena: TokenArena, prompts: Vec<Vec<SegId>>) -> Arc<Trace> {
-        let requests = prompts
-            .into_iter()
-            .map(|segs| Request {
-                arrival: Nanos::ZERO,
-                prompt_tokens: segs.iter().map(|&s| arena.len(s) as u32).sum(),
-                segments: segs,
-                output_tokens: 1,
-                context: 0,
-            })
-            .collect();
-        Arc::new(Trace {
-            requests,
-            arena,
-            contexts: 2,
-        })
-    }
-
-    #[test]
-    fn lists_under_the_same_key_get_numbers_of_their_own_and_their_own_chains() {
-        // Three prompts, [a, q], [b, q], [a, q], every list under one key (as colliding
-        // lists' keys would have them): [a] and [b] must get numbers of their own, and each
-        // prompt its own chain.
-        let mut arena = TokenArena::default();
-        let a = arena.push(0..40);
-        let b = arena.push(500..540);
-        let q = arena.push(900..910);
-        let trace = trace_of(arena, vec![vec![a, q], vec![b, q], vec![a, q], vec![q]]);
-        let leads = Leads::with_key(&trace, |_| 7);
-        assert_eq!(leads.of, [0, 1, 0, NO_LEAD]);
-        assert_eq!(leads.lists, 2);
-        let memo = PromptHashes::with_leads(leads, trace.clone());
-        let (mut want, mut got) = (Vec::new(), Vec::new());
-        for id in trace.ids() {
-            memo.block_hashes(id, 16, &mut got);
-            trace.block_hashes(id, 16, &mut want);
-            assert_eq!(got, want, "request {}", id.0);
-        }
-        // [a]'s 2 full blocks and [b]'s.
-        assert_eq!(memo.memo.lock().unwrap().hashes, 4);
-    }
-
-    #[test]
-    fn a_chain_of_another_block_size_is_replaced() {
-        let mut arena = TokenArena::default();
-        let a = arena.push(0..40);
-        let q = arena.push(900..910);
-        let trace = trace_of(arena, vec![vec![a, q]]);
-        let memo = PromptHashes::new(trace.clone());
-        let (mut want, mut got) = (Vec::new(), Vec::new());
-        for block_size in [16, 8, 16] {
-            memo.block_hashes(ReqId(0), block_size, &mut got);
-            trace.block_hashes(ReqId(0), block_size, &mut want);
-            assert_eq!(got, want, "blocks of {block_size}");
-            let m = memo.memo.lock().unwrap();
-            assert_eq!(m.chains[0].as_ref().unwrap().block_size, block_size);
-            assert_eq!(
-                m.hashes,
-                40 / block_size,
-                "the replaced chain's hashes not counted"
-            );
-        }
-    }
-
-    #[test]
-    fn prompts_with_the_same_leading_segments_share_one_array_of_their_hashes() {
-        let mut arena = TokenArena::default();
-        let ctx = arena.push(0..100);
-        let other = arena.push(200..300);
-        let (q1, q2) = (arena.push(900..920), arena.push(950..990));
-        let trace = trace_of(
-            arena,
-            vec![vec![ctx, q1], vec![ctx, q2], vec![other, q1], vec![q1]],
-        );
-        let memo = PromptHashes::new(trace.clone());
-        let c: Vec<ChainHashes> = trace.ids().map(|id| memo.chain_hashes(id, 16)).collect();
-        // 100 tokens: 6 full blocks in the shared array; the question's blocks are the
-        // prompt's own (the partial block's 4 tokens go on into them).
-        assert_eq!((c[0].lead().len(), c[0].tail.as_slice().len()), (6, 1));
-        assert_eq!((c[1].lead().len(), c[1].tail.as_slice().len()), (6, 2));
-        let lead = |c: &ChainHashes| c.lead.clone().expect("a shared array");
-        assert!(
-            Arc::ptr_eq(&lead(&c[0]), &lead(&c[1])),
-            "one array for [ctx]"
-        );
-        assert!(!Arc::ptr_eq(&lead(&c[0]), &lead(&c[2])));
-        assert!(c[3].lead.is_none(), "no leading segments: all its own");
-        let mut want = Vec::new();
-        for (id, chain) in trace.ids().zip(&c) {
-            trace.block_hashes(id, 16, &mut want);
-            assert_eq!(chain.to_vec(), want);
-            assert_eq!(chain.len(), want.len());
-            assert!((0..want.len()).all(|i| chain.get(i) == want[i]));
-        }
-        // Emptying the memo leaves the arrays to those who hold them.
-        memo.memo
-            .lock()
-            .unwrap()
-            .chains
-            .iter_mut()
-            .for_each(|c| *c = None);
-        trace.block_hashes(ReqId(0), 16, &mut want);
-        assert_eq!(c[0].to_vec(), want);
-    }
-
-    #[test]
-    fn a_missing_chain_is_hashed_with_the_next_missing_ones() {
-        // Six prompts: contexts a, b, a, c, d, e (each after a system prompt), one question.
-        let mut arena = TokenArena::default();
-        let system = arena.push(0..32);
-        let ctx: Vec<SegId> = (0..5).map(|i| arena.push(100 * i..100 * i + 70)).collect();
-        let q = arena.push(900..920);
-        let order = [0, 1, 0, 2, 3, 4];
-        let trace = trace_of(
-            arena,
-            order.iter().map(|&c| vec![system, ctx[c], q]).collect(),
-        );
-        let memo = PromptHashes::new(trace.clone());
-        let first = memo.chain_hashes(ReqId(0), 16);
-        // The first miss hashed a, b, c and d together (a's repeat is not hashed twice), and
-        // counts their hashes: 102 tokens, 6 full blocks each.
-        {
-            let m = memo.memo.lock().unwrap();
-            // Lists are numbered in order of first appearance: a 0, b 1, c 2, d 3, e 4.
-            assert_eq!(memo.leads().of, [0, 1, 0, 2, 3, 4]);
-            let held: Vec<bool> = m.chains.iter().map(Option::is_some).collect();
-            assert_eq!(held, [true, true, true, true, false]);
-            assert_eq!(m.hashes, 24);
-        }
-        // Every chain is the trace's; the later requests share the arrays made early.
-        let mut want = Vec::new();
-        for id in trace.ids() {
-            let got = memo.chain_hashes(id, 16);
-            trace.block_hashes(id, 16, &mut want);
-            assert_eq!(got.to_vec(), want, "request {}", id.0);
-        }
-        let again = memo.chain_hashes(ReqId(2), 16);
-        assert!(Arc::ptr_eq(
-            first.lead.as_ref().unwrap(),
-            again.lead.as_ref().unwrap()
-        ));
-        let m = memo.memo.lock().unwrap();
-        assert!(m.chains.iter().all(Option::is_some));
-    }
-
-    #[test]
-    fn memoised_hashes_are_the_traces_for_every_block_size_and_segment_split() {
-        let mut arena = TokenArena::default();
-        let system = arena.push(0..5);
-        let ctx_a = arena.push(100..137);
-        let ctx_b = arena.push(200..216);
-        let questions: Vec<SegId> = (0..4)
-            .map(|i| arena.push(1000 * i..1000 * i + 9 * i))
-            .collect();
-        let mut prompts = Vec::new();
-        for &q in &questions {
-            prompts.extend([
-                vec![system, ctx_a, q],
-                vec![system, ctx_b, ctx_a, q],
-                vec![q],
-                vec![ctx_b, q],
-            ]);
-        }
-        let trace = trace_of(arena, prompts);
-        let memo = PromptHashes::new(trace.clone());
-        let (mut want, mut got) = (Vec::new(), Vec::new());
-        for block_size in [1, 4, 5, 16, 64] {
-            for round in 0..2 {
-                for id in trace.ids() {
-                    trace.block_hashes(id, block_size, &mut want);
-                    got.push(round as u64);
-                    memo.block_hashes(id, block_size, &mut got);
-                    assert_eq!(got, want, "request {} blocks of {block_size}", id.0);
-                }
-            }
-        }
-    }
-}
+mod tests;

@@ -1,0 +1,143 @@
+//! A lookup: the stored prefix of a chain for a reader, the plan to load it, and the accesses
+//! and replication it counts (see the module doc of [`super`]).
+
+use super::*;
+
+impl Directory {
+    /// Finds the stored prefix of `chain` for a reader on `reader`, and plans loading the
+    /// stored tensors after the first `skip` (those the reader already has). Counts as an
+    /// access to every tensor it plans to load.
+    pub fn lookup(&mut self, chain: &[TensorId], skip: usize, reader: u32) -> LoadPlan {
+        // One probe of the tensor map per tensor: the skipped ones are only counted, and what
+        // serves each of the others (the reader's replica, or the owner's copy) is noted for
+        // the plan and the accesses below.
+        let mut k = chain[..skip.min(chain.len())]
+            .iter()
+            .take_while(|id| self.tensors.contains_key(id))
+            .count();
+        let mut served = std::mem::take(&mut self.scratch);
+        served.clear();
+        let until = self.now_ns.saturating_add(self.lease_ns);
+        if k == skip {
+            let replicas = &self.servers[reader as usize].replicas;
+            for id in &chain[skip..] {
+                let Some(t) = self.tensors.get_mut(id) else {
+                    break;
+                };
+                if self.lease_ns > 0 {
+                    t.lease_until = until;
+                }
+                // A tensor with no replica anywhere has none on the reader (the replica map
+                // and the tensors' replica lists agree, see the check): no probe of the map.
+                let replica = if t.replicas.is_empty() {
+                    None
+                } else {
+                    replicas.get(id)
+                };
+                served.push(match replica {
+                    Some(r) => Served {
+                        node: reader,
+                        loc: Location::Host,
+                        region: r.region,
+                        replica: true,
+                        reads: t.reads,
+                    },
+                    None => Served {
+                        node: t.owner,
+                        loc: t.loc,
+                        region: t.region,
+                        replica: false,
+                        reads: t.reads,
+                    },
+                });
+            }
+            k += served.len();
+        }
+        let mut plan = LoadPlan {
+            stored_chunks: k as u32,
+            ..LoadPlan::default()
+        };
+        if k <= skip {
+            self.scratch = served;
+            return plan;
+        }
+        // The planned tensors were leased in the pass above; the skipped ones (the reader
+        // holds them) are on the path too.
+        if self.lease_ns > 0 {
+            for id in &chain[..skip] {
+                if let Some(t) = self.tensors.get_mut(id) {
+                    t.lease_until = until;
+                }
+            }
+        }
+        let bytes = self.params.tensor_bytes;
+        let mut last: Option<(u32, Location, u64)> = None;
+        let mut replicate_now = false;
+        let mut remote = Vec::new();
+        for (i, s) in served.iter().enumerate() {
+            let (node, loc, region) = (s.node, s.loc, s.region);
+            let tier = match (node == reader, loc) {
+                (true, Location::Host) => Tier::LocalHost,
+                (true, Location::Ssd) => Tier::LocalSsd,
+                (false, Location::Host) => Tier::RemoteHost,
+                (false, Location::Ssd) => Tier::RemoteSsd,
+            };
+            let new_segment = last != Some((node, loc, region));
+            last = Some((node, loc, region));
+            let group = match plan
+                .groups
+                .iter_mut()
+                .find(|g| g.node == node && g.location == loc)
+            {
+                Some(g) => g,
+                None => {
+                    plan.groups.push(LoadGroup {
+                        node,
+                        location: loc,
+                        tier,
+                        tensors: 0,
+                        bytes: 0,
+                        segments: 0,
+                        // At most the tensors left to plan.
+                        indices: Vec::with_capacity(served.len() - i),
+                        epoch: 0,
+                    });
+                    plan.groups.last_mut().expect("just pushed")
+                }
+            };
+            group.tensors += 1;
+            group.indices.push((skip + i) as u32);
+            group.bytes += bytes;
+            group.segments += new_segment as u32;
+            if node != reader && self.params.replicate_after_reads.is_some() {
+                remote.push(chain[skip + i]);
+            }
+        }
+        // The reader's counts of remote reads, one for each remote tensor planned.
+        if let (Some(after), Some(reads)) = (self.params.replicate_after_reads, &mut self.reads) {
+            for row in served.iter().filter(|s| s.node != reader).map(|s| s.reads) {
+                replicate_now |= reads.bump(row, reader) >= after;
+            }
+        }
+        // One access to the copy that serves each planned tensor (see "Access counts" in the
+        // module doc): the reader's replica if it has one, else the owner's tensor. Touched
+        // from the last tensor to the first, so that under LRU a prefix's early tensors are
+        // the most recent.
+        for (i, s) in served.iter().enumerate().rev() {
+            let id = chain[skip + i];
+            self.tick += 1;
+            let tick = self.tick;
+            let server = &mut self.servers[s.node as usize];
+            match (s.replica, s.loc) {
+                (true, _) => server.replica_q.touch(id, tick),
+                (false, Location::Host) => server.host_q.touch(id, tick),
+                (false, Location::Ssd) => server.ssd_q.touch(id, tick),
+            }
+        }
+        self.scratch = served;
+        if replicate_now {
+            plan.replicate = remote;
+        }
+        plan
+    }
+}

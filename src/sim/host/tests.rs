@@ -1,0 +1,180 @@
+use super::*;
+use crate::hardware::LinkSpec;
+
+/// Ticks every microsecond; its invariant breaks at the `breaks_at`-th tick.
+struct Ticker {
+    ticks: u64,
+    breaks_at: u64,
+    limit: u64,
+}
+
+impl Actor<()> for Ticker {
+    fn start(&mut self, ctx: &mut dyn Context<()>) {
+        ctx.timer(Nanos(1_000), ());
+    }
+    fn handle(&mut self, _msg: (), ctx: &mut dyn Context<()>) {
+        self.ticks += 1;
+        if self.ticks < self.limit {
+            ctx.timer(Nanos(1_000), ());
+        }
+    }
+    fn check(&self) -> Result<(), String> {
+        if self.ticks >= self.breaks_at {
+            Err(format!("{} ticks", self.ticks))
+        } else {
+            Ok(())
+        }
+    }
+    fn report(&mut self, _report: &mut Report) {}
+}
+
+fn host(check_every: u64, breaks_at: u64) -> SimHost<()> {
+    let link = LinkSpec::ideal(1e9, Nanos::ZERO);
+    let mut h = SimHost::new(Network::fabric(1, link), Limits::default(), 9);
+    h.set_check_every(check_every);
+    h.add(
+        Box::new(Ticker {
+            ticks: 0,
+            breaks_at,
+            limit: 100,
+        }),
+        Place::Host { node: 0 },
+    );
+    h
+}
+
+#[test]
+fn a_broken_invariant_ends_the_run_at_the_event_that_broke_it() {
+    // Event 1 starts the ticker; tick n is event n + 1, at n microseconds.
+    let err = host(1, 10).run().unwrap_err();
+    match err {
+        SimError::Invariant { what, at, seed } => {
+            assert!(what.contains("actor 0: 10 ticks"), "{what}");
+            assert_eq!(at, Nanos(10_000));
+            assert_eq!(seed, 9);
+        }
+        other => panic!("expected an invariant error, found {other:?}"),
+    }
+    // Checked every 8 events, it is caught at the first check after it broke.
+    let SimError::Invariant { at, .. } = host(8, 10).run().unwrap_err() else {
+        panic!("expected an invariant error");
+    };
+    assert_eq!(at, Nanos(15_000));
+}
+
+#[test]
+fn checks_never_change_a_run_that_keeps_its_invariants() {
+    let a = host(1, u64::MAX).run().unwrap();
+    let b = host(0, u64::MAX).run().unwrap();
+    assert_eq!((a.events, a.end), (b.events, b.end));
+    assert_eq!(a.events, 101);
+}
+
+/// Fetches 1 MB from node 1's memory at `start_at` (its timer: `None`) and records which
+/// message ended the read (`Some(done)`).
+struct Reader {
+    got: std::sync::Arc<std::sync::Mutex<Vec<(bool, Nanos)>>>,
+    start_at: Nanos,
+    epoch: u32,
+}
+
+impl Actor<Option<bool>> for Reader {
+    fn start(&mut self, ctx: &mut dyn Context<Option<bool>>) {
+        ctx.timer(self.start_at, None);
+    }
+    fn handle(&mut self, msg: Option<bool>, ctx: &mut dyn Context<Option<bool>>) {
+        match msg {
+            None => {
+                let work = Work::Fetch {
+                    from: Place::Host { node: 1 },
+                    medium: Medium::Memory,
+                    bytes: 1_000_000,
+                    segments: 1,
+                    epoch: self.epoch,
+                };
+                ctx.start_fetch(work, Some(true), Some(false));
+            }
+            Some(ok) => self.got.lock().unwrap().push((ok, ctx.now())),
+        }
+    }
+    fn report(&mut self, _report: &mut Report) {}
+}
+
+/// (delivered `done`, at) of a 1 MB read at 1 GB/s (1 ms) started at `start_at`, with
+/// `loss` applied to node 1.
+fn read(start_at: Nanos, loss: Option<(Nanos, bool)>) -> (bool, Nanos) {
+    read_knowing(start_at, loss, 0)
+}
+
+/// [`read`] by a reader whose plan knew of `epoch` losses of node 1.
+fn read_knowing(start_at: Nanos, loss: Option<(Nanos, bool)>, epoch: u32) -> (bool, Nanos) {
+    let link = LinkSpec::ideal(1e9, Nanos::ZERO);
+    let mut h: SimHost<Option<bool>> = SimHost::new(Network::fabric(2, link), Limits::default(), 1);
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    h.add(
+        Box::new(Reader {
+            got: got.clone(),
+            start_at,
+            epoch,
+        }),
+        Place::Host { node: 0 },
+    );
+    if let Some((at, crash)) = loss {
+        h.lose_memory(MemoryLoss { node: 1, at, crash });
+    }
+    h.run().unwrap();
+    let v = got.lock().unwrap().clone();
+    assert_eq!(v.len(), 1, "{v:?}");
+    v[0]
+}
+
+#[test]
+fn a_read_fails_when_its_source_loses_the_memory_before_its_last_byte() {
+    let ms = |x: u64| Nanos(x * 1_000_000);
+    let (ok, end) = read(Nanos::ZERO, None);
+    assert!(ok);
+    assert!(end >= ms(1) && end < ms(2), "{end:?}");
+    // A crash or a restart while the read is in flight: it fails, when it would have
+    // ended (the reader learns from the read itself, whatever notice comes later).
+    assert_eq!(
+        read(Nanos::ZERO, Some((Nanos(500_000), true))),
+        (false, end)
+    );
+    assert_eq!(
+        read(Nanos::ZERO, Some((Nanos(500_000), false))),
+        (false, end)
+    );
+    // A loss after the read ended changes nothing.
+    assert_eq!(read(Nanos::ZERO, Some((ms(5), true))), (true, end));
+    // A read started after a crash fails. After a restart, a read planned before the
+    // restart was known (epoch 0) names tensors that are gone: it fails; one planned
+    // knowing of it (epoch 1) reads the restarted store.
+    let later = read(ms(2), None);
+    assert!(later.0);
+    assert_eq!(read(ms(2), Some((ms(1), true))), (false, later.1));
+    assert_eq!(read(ms(2), Some((ms(1), false))), (false, later.1));
+    assert_eq!(
+        read_knowing(ms(2), Some((ms(1), false)), 1),
+        (true, later.1)
+    );
+    assert!(!read_knowing(ms(2), Some((ms(1), true)), 1).0);
+    // Another node's loss does not touch it.
+    let link = LinkSpec::ideal(1e9, Nanos::ZERO);
+    let mut h: SimHost<Option<bool>> = SimHost::new(Network::fabric(3, link), Limits::default(), 1);
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    h.add(
+        Box::new(Reader {
+            got: got.clone(),
+            start_at: Nanos::ZERO,
+            epoch: 0,
+        }),
+        Place::Host { node: 0 },
+    );
+    h.lose_memory(MemoryLoss {
+        node: 2,
+        at: Nanos(500_000),
+        crash: true,
+    });
+    h.run().unwrap();
+    assert!(got.lock().unwrap()[0].0);
+}
