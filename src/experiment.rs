@@ -11,6 +11,7 @@ use crate::live::LiveError;
 use crate::metrics::Summary;
 use crate::pipeline::outcome::PipelineRun;
 use crate::pipeline::scenario::{Arrivals, CostSource, PipelineScenario, mode_name};
+use crate::results::share::JobName;
 use crate::results::{RunError, Written};
 use crate::scenario::ScenarioError;
 use crate::serving::outcome::PolicyRun;
@@ -53,6 +54,27 @@ impl Experiment {
                 .map(|s| Experiment::Pipeline(Box::new(s)))
         } else {
             Scenario::parse(&file, &stem, &text).map(|s| Experiment::Serving(Box::new(s)))
+        }
+    }
+
+    /// The run's simulations in run order, as their rows name them: every policy (or decode
+    /// mode) at every sweep point.
+    pub fn job_names(&self) -> Vec<JobName> {
+        let name = |point: Option<&str>, policy: &str| JobName {
+            point: point.map(str::to_string),
+            policy: policy.to_string(),
+        };
+        match self {
+            Experiment::Serving(s) => s
+                .runs()
+                .into_iter()
+                .flat_map(|(l, p)| p.policies.iter().map(move |k| name(l, k.name())))
+                .collect(),
+            Experiment::Pipeline(s) => s
+                .runs()
+                .into_iter()
+                .flat_map(|(l, p)| p.modes.iter().map(move |&m| name(l, mode_name(m))))
+                .collect(),
         }
     }
 

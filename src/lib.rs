@@ -24,6 +24,8 @@
 //! [`backend`], [`results`], `scenario` → [`serving`], [`pipeline`], [`profiling`] →
 //! [`experiment`], [`vopr`]. No module imports one above it.
 
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
+
 pub mod actor;
 pub mod backend;
 pub mod cpu;

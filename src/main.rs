@@ -1,5 +1,7 @@
 //! The `meshsim` command line.
 
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
+
 mod cli;
 
 use std::path::PathBuf;

@@ -577,3 +577,50 @@ fn a_missing_scenario_with_an_odd_name_is_named_with_exit_status_2() {
     assert!(stderr.contains("scénario.toml"), "{stderr}");
     assert!(!Path::new("/nonexistent").exists());
 }
+
+/// `meshsim <args>` from the project folder: exit status and stderr.
+fn cli(args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_meshsim"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn vopr_refuses_to_check_no_seed_or_seeds_past_the_last() {
+    for (args, says) in [
+        (&["vopr", "--seeds", "0"][..], "--seeds 0"),
+        (
+            &["vopr", "--from", "18446744073709551615", "--seeds", "2"][..],
+            "--from 18446744073709551615 --seeds 2",
+        ),
+    ] {
+        let (code, err) = cli(args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn a_serving_profile_refuses_shards_instead_of_ignoring_them() {
+    let out = tempfile::tempdir().unwrap();
+    let file = out.path().join("p.toml");
+    let (code, err) = cli(&[
+        "profile",
+        "--model",
+        "tiny-32k",
+        "--serving",
+        "--shards",
+        "2",
+        "--out",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--shards 2"), "{err}");
+    assert!(!file.exists());
+}

@@ -387,3 +387,27 @@ fn a_planted_circle_is_found_at_every_depth() {
         .push_str("fn f() { crate::sys::store::a::g() }\n");
     assert_eq!(circles(&files), vec![vec!["sys::live", "sys::store"]]);
 }
+
+/// Most lines of a source file, counting its tests: a file past it usually holds two concepts
+/// (large test modules go to a `tests.rs` beside the file).
+const MAX_FILE_LINES: usize = 650;
+
+#[test]
+fn no_source_file_is_longer_than_a_person_can_hold_in_their_head() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    walk(&src, &mut files);
+    files.sort();
+    let long: Vec<String> = files
+        .iter()
+        .filter_map(|f| {
+            let n = std::fs::read_to_string(f).unwrap().lines().count();
+            (n > MAX_FILE_LINES).then(|| format!("{}: {n} lines", f.display()))
+        })
+        .collect();
+    assert!(
+        long.is_empty(),
+        "files over {MAX_FILE_LINES} lines:\n{}",
+        long.join("\n")
+    );
+}

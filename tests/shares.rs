@@ -267,3 +267,179 @@ fn spooled_request_rows_are_the_rows_held_in_memory() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// Writes `edit` of `file` in share folder `dir`, and records the new file's digest in the
+/// share's manifest, as a share written that way would have: what `merge` then finds is up to
+/// its other checks.
+fn edit_with_digest(dir: &Path, file: &str, edit: impl Fn(&str) -> String) {
+    let path = dir.join(file);
+    let old = std::fs::read(&path).unwrap();
+    let new = edit(&String::from_utf8(old.clone()).unwrap());
+    std::fs::write(&path, &new).unwrap();
+    let hex = |b: &[u8]| format!("{:016x}", meshsim::hash::bytes_hash(b));
+    let manifest = dir.join("share.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    assert!(text.contains(&hex(&old)), "{text}");
+    std::fs::write(&manifest, text.replace(&hex(&old), &hex(new.as_bytes()))).unwrap();
+}
+
+/// Two shares of the 8-simulation sweep, `a1` and `a2`, in a fresh folder.
+fn two_shares() -> (tempfile::TempDir, PathBuf) {
+    let d = tempfile::tempdir().unwrap();
+    let s = scenario(d.path(), 5);
+    for (points, out) in [("1/2", "a1"), ("2/2", "a2")] {
+        let (code, err) = meshsim(
+            d.path(),
+            &[
+                "run",
+                s.to_str().unwrap(),
+                "--quiet",
+                "--points",
+                points,
+                "--out",
+                out,
+            ],
+        );
+        assert_eq!(code, 0, "{err}");
+    }
+    (d, s)
+}
+
+/// `meshsim merge a1 a2` in `d`: refused with exit 2, `says` in the message, nothing written.
+fn assert_merge_refused(d: &Path, says: &str) {
+    let (code, err) = meshsim(d, &["merge", "--out", "merged", "a1", "a2"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains(says), "expected {says:?} in {err}");
+    assert!(
+        !err.contains(".meshsim-tmp"),
+        "names a temporary file: {err}"
+    );
+    assert!(!d.join("merged").exists(), "wrote something: {err}");
+}
+
+#[test]
+fn a_manifest_claiming_four_billion_jobs_is_refused_at_once() {
+    let (d, _) = two_shares();
+    let m = d.path().join("a1/share.toml");
+    let text = std::fs::read_to_string(&m).unwrap();
+    let text = text
+        .replace("of = 2", "of = 1")
+        .replace("jobs = 8", "jobs = 4294967295");
+    std::fs::write(&m, text).unwrap();
+    assert_merge_refused(d.path(), "holds 4294967295");
+}
+
+#[test]
+fn a_killed_share_is_retried_by_running_the_same_command() {
+    let (d, s) = two_shares();
+    let (code, err) = meshsim(
+        d.path(),
+        &[
+            "run",
+            s.to_str().unwrap(),
+            "--quiet",
+            "--points",
+            "2/2",
+            "--out",
+            "a2",
+        ],
+    );
+    assert_eq!(code, 0, "the same share into its own folder: {err}");
+    let (code, err) = meshsim(d.path(), &["merge", "--out", "merged", "a1", "a2"]);
+    assert_eq!(code, 0, "{err}");
+    // A share's folder holding a file meshsim does not write is still refused.
+    std::fs::write(d.path().join("a2/notes.txt"), "mine").unwrap();
+    let (code, err) = meshsim(
+        d.path(),
+        &[
+            "run",
+            s.to_str().unwrap(),
+            "--quiet",
+            "--points",
+            "2/2",
+            "--out",
+            "a2",
+        ],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("notes.txt"), "{err}");
+}
+
+#[test]
+fn an_edited_or_truncated_share_file_is_refused_by_its_digest() {
+    let (d, _) = two_shares();
+    let csv = d.path().join("a2/summary.csv");
+    let text = std::fs::read_to_string(&csv).unwrap();
+    // One digit of the first row changed: still a CSV file with its rows.
+    let at = text.find('\n').unwrap()
+        + text[text.find('\n').unwrap()..]
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap();
+    let digit = if &text[at..=at] == "1" { "2" } else { "1" };
+    let edited = format!("{}{digit}{}", &text[..at], &text[at + 1..]);
+    std::fs::write(&csv, edited).unwrap();
+    assert_merge_refused(d.path(), "a2/summary.csv: its digest is");
+}
+
+#[test]
+fn a_nan_in_a_shares_summary_is_named_with_its_file_and_line() {
+    let (d, _) = two_shares();
+    edit_with_digest(&d.path().join("a2"), "summary.csv", |t| {
+        let mut lines: Vec<String> = t.lines().map(String::from).collect();
+        let cells: Vec<&str> = lines[2].split(',').collect();
+        let last = cells.len() - 1;
+        let mut cells: Vec<String> = cells.iter().map(|c| c.to_string()).collect();
+        cells[last] = "NaN".into();
+        lines[2] = cells.join(",");
+        lines.join("\n") + "\n"
+    });
+    assert_merge_refused(d.path(), "summary.csv: line 3");
+}
+
+#[test]
+fn request_counts_moved_between_jobs_are_refused_naming_the_misfiled_row() {
+    let (d, _) = two_shares();
+    let m = d.path().join("a1/share.toml");
+    let text = std::fs::read_to_string(&m).unwrap();
+    let counts: Vec<u64> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("requests = "))
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    assert!(counts.len() >= 2 && counts[0] > 5, "{counts:?}");
+    let mut seen = 0;
+    let edited: Vec<String> = text
+        .lines()
+        .map(|l| {
+            match l
+                .strip_prefix("requests = ")
+                .filter(|n| n.parse::<u64>().is_ok())
+            {
+                Some(_) => {
+                    seen += 1;
+                    match seen {
+                        1 => format!("requests = {}", counts[0] - 5),
+                        2 => format!("requests = {}", counts[1] + 5),
+                        _ => l.to_string(),
+                    }
+                }
+                None => l.to_string(),
+            }
+        })
+        .collect();
+    std::fs::write(&m, edited.join("\n") + "\n").unwrap();
+    assert_merge_refused(d.path(), "among the rows of job 2");
+}
+
+#[test]
+fn a_summary_row_that_names_another_policy_is_refused() {
+    let (d, _) = two_shares();
+    // Row 2 of a1's summary is job 0's (vanilla at the first point).
+    edit_with_digest(&d.path().join("a1"), "summary.csv", |t| {
+        let mut lines: Vec<String> = t.lines().map(String::from).collect();
+        assert!(lines[1].contains("vanilla"), "{}", lines[1]);
+        lines[1] = lines[1].replacen("vanilla", "ptstore", 1);
+        lines.join("\n") + "\n"
+    });
+    assert_merge_refused(d.path(), "summary.csv: line 2: policy ptstore");
+}

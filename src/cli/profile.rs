@@ -16,9 +16,10 @@ pub(crate) struct ProfileArgs {
     /// qwen2.5-0.5b (the large ones need the memory of their weights).
     #[arg(long, default_value = "small")]
     pub(crate) model: String,
-    /// Pipeline shards (contiguous layer ranges, split evenly).
-    #[arg(long, default_value_t = 2)]
-    pub(crate) shards: usize,
+    /// Pipeline shards (contiguous layer ranges, split evenly; default 2). Not with
+    /// --serving, which measures whole iterations of one model.
+    #[arg(long)]
+    pub(crate) shards: Option<usize>,
     /// Prefill grid: new tokens, comma-separated and increasing (default
     /// 1,8,16,32,64,128,256,512; with --serving 16,64,128,256,384,512).
     #[arg(long, value_delimiter = ',')]
@@ -177,12 +178,18 @@ pub(crate) fn profile_run(a: &ProfileArgs) -> ExitCode {
         ));
     };
     if a.serving {
+        if let Some(n) = a.shards {
+            return bad(format!(
+                "--shards {n}: a serving profile measures whole iterations of one model; \
+                 --shards splits pipeline profiles only"
+            ));
+        }
         // Measured as the live serving runs it prices compute (see the function's doc).
         let n = super::leave_a_core_for_the_actors();
         tracing::info!("serving profile: candle computes on {n} thread(s)");
         return profile_serving(a, &config);
     }
-    let layers = match meshsim::model::split_layers(config.layers, a.shards) {
+    let layers = match meshsim::model::split_layers(config.layers, a.shards.unwrap_or(2)) {
         Ok(l) => l,
         Err(e) => return bad(format!("--shards: {e}")),
     };

@@ -7,9 +7,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{EXIT_FAILED, bad, refused};
-use meshsim::experiment::Experiment;
+use meshsim::experiment::{Experiment, Runs};
 use meshsim::results::output;
 use meshsim::results::share::{self, Share, ShareOf, ShareRun};
+use meshsim::results::{RunError, Written};
+use meshsim::serving::outcome::PolicyRun;
+use meshsim::serving::scenario::Scenario;
 use meshsim::serving::sim::{RunOptions, Spool};
 use meshsim::sim::progress::Board;
 
@@ -52,45 +55,21 @@ pub(crate) fn run(
     cluster: Cluster,
 ) -> ExitCode {
     let file = scenario.display().to_string();
-    let mut x = match Experiment::load(scenario) {
+    let x = match prepare(scenario, &file, seed, live_flag, cluster) {
         Ok(x) => x,
-        Err(e) => return bad(e),
+        Err(code) => return code,
     };
-    if let Some(seed) = seed {
-        x.set_seed(seed);
-    }
-    if live_flag && let Err(e) = x.set_live(&file) {
-        return bad(e);
-    }
-    if let Err(e) = x.set_cluster(&file, cluster.nodes.as_deref(), cluster.cookie_file) {
-        return bad(e);
-    }
-    if let Err(e) = x.check_live(&file) {
-        return bad(e);
-    }
-    if x.is_live() && matches!(x, Experiment::Serving(_)) {
-        let n = super::leave_a_core_for_the_actors();
-        tracing::info!(
-            "live serving: candle computes on {n} thread(s), a core left for the actors"
-        );
-    }
     if let Some(points) = points {
         return run_share(&x, &file, points, out, threads, quiet);
     }
     let dir = out.unwrap_or_else(|| x.default_dir(live_flag));
-    if let Err(e) = output::check_out_dir(&dir) {
-        return refused(e);
-    }
     // Serving runs spool each finished simulation's request rows beside the results folder.
     // Made now, so that a place where no results can be written is refused before the run
     // (a pipeline run only proves it: it writes nothing before its results).
-    let scratch = match output::Scratch::beside(&dir) {
+    let scratch = match make_scratch(&dir) {
         Ok(s) => s,
-        Err(e) => return refused(e),
+        Err(code) => return code,
     };
-    if let Err(e) = scratch.make_now(&dir) {
-        return refused(e);
-    }
     let scratch = match x {
         Experiment::Serving(_) => Some(scratch),
         Experiment::Pipeline(_) => {
@@ -103,29 +82,7 @@ pub(crate) fn run(
     }
     let started = Instant::now();
     let threads = threads.unwrap_or_else(default_threads);
-    let what = if x.is_live() {
-        "serving on the live host".to_string()
-    } else {
-        format!("simulating {} runs", x.simulations())
-    };
-    let board = Arc::new(Board::default());
-    let watched = matches!(x, Experiment::Serving(_));
-    let spool = match (&x, &scratch) {
-        (Experiment::Serving(s), Some(sc)) => Some(Spool {
-            scratch: sc,
-            swept: !s.points.is_empty(),
-        }),
-        _ => None,
-    };
-    let display = Spinner::start(!quiet, what, watched.then(|| board.clone()));
-    let opts = RunOptions {
-        share: None,
-        board: watched.then_some(&*board),
-        spool: spool.as_ref(),
-    };
-    let runs = x.run_watched(threads, &opts);
-    display.stop();
-    let runs = match runs {
+    let runs = match run_all(&x, threads, quiet, scratch.as_ref()) {
         Ok(r) => r,
         Err(e) if e.is_bad_input() => return bad(e),
         Err(e) => {
@@ -159,26 +116,103 @@ pub(crate) fn run(
         "plots and report written"
     );
     if !quiet {
-        let mut events = 0;
-        for (sm, wall) in runs.summaries() {
-            events += sm.events;
-            println!("{}", x.console_line(sm, wall));
-        }
-        let wall = started.elapsed().as_secs_f64();
-        let unit = if x.is_live() { "messages" } else { "events" };
-        println!(
-            "  {events} {unit} processed, {:.2} M {unit}/s overall, wall time {wall:.2} s{}; results in {}",
-            events as f64 / wall / 1e6,
-            peak_memory(),
-            dir.display()
-        );
-        println!(
-            "  plots ({} files) and report.md drawn in {:.3} s",
-            written.plot_files.len().saturating_sub(1),
-            written.plot_time.as_secs_f64()
-        );
+        print_run_totals(&x, &runs, &written, started, &dir);
     }
     ExitCode::SUCCESS
+}
+
+/// Loads the scenario of `meshsim run` and applies the command line's seed, `--live` and
+/// cluster to it, checking what a live run needs; the exit status of a refusal otherwise.
+fn prepare(
+    scenario: &Path,
+    file: &str,
+    seed: Option<u64>,
+    live_flag: bool,
+    cluster: Cluster,
+) -> Result<Experiment, ExitCode> {
+    let mut x = Experiment::load(scenario).map_err(bad)?;
+    if let Some(seed) = seed {
+        x.set_seed(seed);
+    }
+    if live_flag && let Err(e) = x.set_live(file) {
+        return Err(bad(e));
+    }
+    x.set_cluster(file, cluster.nodes.as_deref(), cluster.cookie_file)
+        .map_err(bad)?;
+    x.check_live(file).map_err(bad)?;
+    if x.is_live() && matches!(x, Experiment::Serving(_)) {
+        let n = super::leave_a_core_for_the_actors();
+        tracing::info!(
+            "live serving: candle computes on {n} thread(s), a core left for the actors"
+        );
+    }
+    Ok(x)
+}
+
+/// Refuses an output folder `dir` that cannot be used, and makes the scratch folder beside it
+/// now; the exit status of a refusal otherwise.
+fn make_scratch(dir: &Path) -> Result<output::Scratch, ExitCode> {
+    output::check_out_dir(dir).map_err(refused)?;
+    let scratch = output::Scratch::beside(dir).map_err(refused)?;
+    scratch.make_now(dir).map_err(refused)?;
+    Ok(scratch)
+}
+
+/// Runs every simulation (or the live run) of `x` on `threads` threads, with the spinner
+/// unless `quiet`; serving runs report to its board and spool their rows into `scratch`.
+fn run_all(
+    x: &Experiment,
+    threads: usize,
+    quiet: bool,
+    scratch: Option<&output::Scratch>,
+) -> Result<Runs, RunError> {
+    let what = if x.is_live() {
+        "serving on the live host".to_string()
+    } else {
+        format!("simulating {} runs", x.simulations())
+    };
+    let board = Arc::new(Board::default());
+    let watched = matches!(x, Experiment::Serving(_));
+    let spool = match (x, scratch) {
+        (Experiment::Serving(s), Some(sc)) => Some(Spool {
+            scratch: sc,
+            swept: !s.points.is_empty(),
+        }),
+        _ => None,
+    };
+    let display = Spinner::start(!quiet, what, watched.then(|| board.clone()));
+    let opts = RunOptions {
+        share: None,
+        board: watched.then_some(&*board),
+        spool: spool.as_ref(),
+    };
+    let runs = x.run_watched(threads, &opts);
+    display.stop();
+    runs
+}
+
+/// Prints a console line per run, then the events, speed, wall time, peak memory and the
+/// results folder of the whole run, and how long the plots took.
+fn print_run_totals(x: &Experiment, runs: &Runs, written: &Written, started: Instant, dir: &Path) {
+    let mut events = 0;
+    for (sm, wall) in runs.summaries() {
+        events += sm.events;
+        println!("{}", x.console_line(sm, wall));
+    }
+    let wall = started.elapsed().as_secs_f64();
+    let unit = if x.is_live() { "messages" } else { "events" };
+    println!(
+        "  {events} {unit} processed, {:.2} M {unit}/s overall, wall time {wall:.2} s{}; \
+         results in {}",
+        events as f64 / wall / 1e6,
+        peak_memory(),
+        dir.display()
+    );
+    println!(
+        "  plots ({} files) and report.md drawn in {:.3} s",
+        written.plot_files.len().saturating_sub(1),
+        written.plot_time.as_secs_f64()
+    );
 }
 
 /// Threads when `--threads` is not given: the available cores.
@@ -210,36 +244,18 @@ fn run_share(
     threads: Option<usize>,
     quiet: bool,
 ) -> ExitCode {
-    let share = match Share::parse(points) {
-        Ok(s) => s,
-        Err(e) => return bad(e),
+    let (share, s, jobs) = match share_of(x, file, points) {
+        Ok(v) => v,
+        Err(code) => return code,
     };
-    let s = match x {
-        Experiment::Serving(s) => s,
-        Experiment::Pipeline(_) => {
-            return bad(format!(
-                "{file}: --points splits serving scenarios only; a pipeline sweep runs whole"
-            ));
-        }
-    };
-    let jobs = meshsim::serving::sim::jobs(s);
-    if let Err(e) = share.check(jobs) {
-        return bad(e);
-    }
     let dir = out.unwrap_or_else(|| {
         Path::new("results").join(format!("{}.share-{}-of-{}", s.name, share.k, share.n))
     });
-    if let Err(e) = output::check_out_dir(&dir) {
-        return refused(e);
-    }
-    let scratch = match output::Scratch::beside(&dir) {
-        Ok(s) => s,
-        Err(e) => return refused(e),
-    };
     // Made now: a place where the share cannot be written is refused before the run.
-    if let Err(e) = scratch.make_now(&dir) {
-        return refused(e);
-    }
+    let scratch = match make_scratch(&dir) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
     if !quiet {
         print!("{}", x.describe());
     }
@@ -249,30 +265,9 @@ fn run_share(
         scratch: &scratch,
         swept: !s.points.is_empty(),
     };
-    let board = Arc::new(Board::default());
-    let display = Spinner::start(
-        !quiet,
-        format!("simulating share {share}"),
-        Some(board.clone()),
-    );
-    let opts = RunOptions {
-        share: Some(share),
-        board: Some(&board),
-        spool: Some(&spool),
-    };
-    let runs = meshsim::serving::sim::simulate_share(s, threads, &opts);
-    display.stop();
-    let runs = match runs {
+    let runs = match simulate_share_runs(s, file, share, threads, quiet, &spool) {
         Ok(r) => r,
-        Err(e) if e.is_bad_input() => return bad(e),
-        Err(e) => {
-            eprintln!("error: {e}");
-            eprintln!(
-                "reproduce with: meshsim run {file} --points {share} --seed {}",
-                s.seed
-            );
-            return ExitCode::from(EXIT_FAILED);
-        }
+        Err(code) => return code,
     };
     let parts: Vec<ShareRun> = runs
         .iter()
@@ -314,6 +309,64 @@ fn run_share(
     ExitCode::SUCCESS
 }
 
+/// The share `points` (`K/N`) of serving scenario `x`, the scenario and its number of
+/// simulations; the exit status of a refusal otherwise.
+fn share_of<'a>(
+    x: &'a Experiment,
+    file: &str,
+    points: &str,
+) -> Result<(Share, &'a Scenario, usize), ExitCode> {
+    let share = Share::parse(points).map_err(bad)?;
+    let s: &Scenario = match x {
+        Experiment::Serving(s) => s,
+        Experiment::Pipeline(_) => {
+            return Err(bad(format!(
+                "{file}: --points splits serving scenarios only; a pipeline sweep runs whole"
+            )));
+        }
+    };
+    let jobs = meshsim::serving::sim::jobs(s);
+    share.check(jobs).map_err(bad)?;
+    Ok((share, s, jobs))
+}
+
+/// Simulates `share` of `s` on `threads` threads, with the spinner unless `quiet`, spooling
+/// request rows into `spool`; the exit status of a failure otherwise.
+fn simulate_share_runs(
+    s: &Scenario,
+    file: &str,
+    share: Share,
+    threads: usize,
+    quiet: bool,
+    spool: &Spool<'_>,
+) -> Result<Vec<(usize, PolicyRun)>, ExitCode> {
+    let board = Arc::new(Board::default());
+    let display = Spinner::start(
+        !quiet,
+        format!("simulating share {share}"),
+        Some(board.clone()),
+    );
+    let opts = RunOptions {
+        share: Some(share),
+        board: Some(&board),
+        spool: Some(spool),
+    };
+    let runs = meshsim::serving::sim::simulate_share(s, threads, &opts);
+    display.stop();
+    match runs {
+        Ok(r) => Ok(r),
+        Err(e) if e.is_bad_input() => Err(bad(e)),
+        Err(e) => {
+            eprintln!("error: {e}");
+            eprintln!(
+                "reproduce with: meshsim run {file} --points {share} --seed {}",
+                s.seed
+            );
+            Err(ExitCode::from(EXIT_FAILED))
+        }
+    }
+}
+
 /// `meshsim merge DIR... [--out DIR]`: assemble the shares of a run into its results folder
 /// (default `results/<name>`).
 pub(crate) fn merge(dirs: &[PathBuf], out: Option<PathBuf>, quiet: bool) -> ExitCode {
@@ -327,7 +380,8 @@ pub(crate) fn merge(dirs: &[PathBuf], out: Option<PathBuf>, quiet: bool) -> Exit
     if let Err(e) = output::check_out_dir(&out).and_then(|()| output::probe_beside(&out)) {
         return refused(e);
     }
-    match share::merge(dirs, &out) {
+    let expected = expected_jobs(dirs);
+    match share::merge(dirs, &out, expected.as_deref()) {
         Ok(w) => {
             if !quiet {
                 println!(
@@ -343,6 +397,21 @@ pub(crate) fn merge(dirs: &[PathBuf], out: Option<PathBuf>, quiet: bool) -> Exit
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(EXIT_FAILED)
+        }
+    }
+}
+
+/// The jobs of the run whose shares are in `dirs`, from the first share's `scenario.toml`, so
+/// that `merge` checks each share's jobs against the run's own. `None` when that scenario
+/// cannot be read here (it may name files relative to where it was written); the shares'
+/// other checks hold without it.
+fn expected_jobs(dirs: &[PathBuf]) -> Option<Vec<share::JobName>> {
+    let path = dirs.first()?.join("scenario.toml");
+    match Experiment::load(&path) {
+        Ok(x) => Some(x.job_names()),
+        Err(e) => {
+            tracing::info!("merge: the run's jobs are not checked against {e}");
+            None
         }
     }
 }

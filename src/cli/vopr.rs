@@ -13,9 +13,23 @@ pub(crate) fn vopr(from: u64, count: u64, seed: Option<u64>, print: bool) -> Exi
         print!("{}", vopr::scenario_text(s));
         return ExitCode::SUCCESS;
     }
+    if seed.is_none() {
+        if count == 0 {
+            eprintln!("error: --seeds 0: expected at least one seed to run");
+            return ExitCode::from(super::EXIT_BAD_INPUT);
+        }
+        if from.checked_add(count - 1).is_none() {
+            eprintln!(
+                "error: --from {from} --seeds {count}: the last seed would be past {}; give \
+                 fewer seeds or an earlier --from",
+                u64::MAX
+            );
+            return ExitCode::from(super::EXIT_BAD_INPUT);
+        }
+    }
     let seeds: Vec<u64> = match seed {
         Some(s) => vec![s],
-        None => (from..from.saturating_add(count)).collect(),
+        None => (0..count).map(|i| from + i).collect(),
     };
     let started = Instant::now();
     let (mut events, mut simulations, mut failed) = (0u64, 0usize, 0usize);

@@ -183,14 +183,18 @@ fn sorted(mut v: Vec<f64>) -> Vec<f64> {
     v
 }
 
-/// A markdown report comparing the simulated folder `sim` with the live folder `live`.
-pub fn compare(sim: &Path, live: &Path) -> Result<String, CompareError> {
-    let a = load(sim)?;
-    let b: BTreeMap<Key, Times> = load(live)?.into_iter().collect();
-    // Groups in the order of the simulated file (sweep points as run, then policies).
+/// Matched requests of one (sweep point, policy): the simulated times, then the live ones.
+type Pairs = Vec<(Times, Times)>;
+
+/// The matched requests of each (sweep point, policy).
+type Groups = BTreeMap<(String, String), Pairs>;
+
+/// The (sweep point, policy) groups of requests completed in both runs, in the order of the
+/// simulated file (sweep points as run, then policies), and each group's matched times.
+fn match_requests(a: &[(Key, Times)], b: &BTreeMap<Key, Times>) -> (Vec<(String, String)>, Groups) {
     let mut order: Vec<(String, String)> = Vec::new();
-    let mut groups: BTreeMap<(String, String), Vec<(Times, Times)>> = BTreeMap::new();
-    for (k, s) in &a {
+    let mut groups: Groups = BTreeMap::new();
+    for (k, s) in a {
         if let Some(l) = b.get(k) {
             let g = (k.0.clone(), k.1.clone());
             if !groups.contains_key(&g) {
@@ -199,13 +203,24 @@ pub fn compare(sim: &Path, live: &Path) -> Result<String, CompareError> {
             groups.entry(g).or_default().push((*s, *l));
         }
     }
-    if groups.is_empty() {
-        return Err(CompareError::Nothing);
+    (order, groups)
+}
+
+/// The nearest-rank percentile `q` of sorted `v`, or 0 when `v` is empty.
+fn quantile(v: &[f64], q: f64) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        nearest_rank(v, q)
     }
-    let mut md = String::new();
+}
+
+/// Writes the report's title, the folders compared and a warning when their scenarios differ.
+fn write_heading(md: &mut String, sim: &Path, live: &Path) {
     let _ = writeln!(
         md,
-        "# Simulation against live run\n\nsimulated: `{}`; live: `{}`. Times in ms; error = (sim - live) / live.\n",
+        "# Simulation against live run\n\nsimulated: `{}`; live: `{}`. Times in ms; \
+         error = (sim - live) / live.\n",
         sim.display(),
         live.display()
     );
@@ -216,138 +231,175 @@ pub fn compare(sim: &Path, live: &Path) -> Result<String, CompareError> {
              `--live` adds), so their requests may not be the same ones.\n"
         );
     }
+}
+
+/// Writes the table of TTFT and TPOT percentiles and errors, a row per point and policy.
+fn write_latency_table(md: &mut String, order: &[(String, String)], groups: &Groups) {
     let _ = writeln!(
         md,
-        "| point | policy | requests | TTFT p50 sim | live | error | TTFT p99 sim | live | error | mean abs. TTFT error | TPOT p50 sim | live | error |"
+        "| point | policy | requests | TTFT p50 sim | live | error | TTFT p99 sim | live | error \
+         | mean abs. TTFT error | TPOT p50 sim | live | error |"
     );
     let _ = writeln!(
         md,
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
-    for key in &order {
+    for key in order {
         let (point, policy) = key;
-        let pairs = &groups[key];
-        let st = sorted(pairs.iter().map(|p| p.0.ttft).collect());
-        let lt = sorted(pairs.iter().map(|p| p.1.ttft).collect());
-        let sp = sorted(pairs.iter().filter_map(|p| p.0.tpot).collect());
-        let lp = sorted(pairs.iter().filter_map(|p| p.1.tpot).collect());
-        let mape = pairs
-            .iter()
-            .filter(|p| p.1.ttft > 0.0)
-            .map(|p| (p.0.ttft - p.1.ttft).abs() / p.1.ttft)
-            .sum::<f64>()
-            / pairs.len() as f64;
-        let q = |v: &[f64], q: f64| {
-            if v.is_empty() {
-                0.0
-            } else {
-                nearest_rank(v, q)
-            }
-        };
-        let _ = writeln!(
-            md,
-            "| {} | {policy} | {} | {:.1} | {:.1} | {} | {:.1} | {:.1} | {} | {:.1}% | {:.2} | {:.2} | {} |",
-            if point.is_empty() { "-" } else { point },
-            pairs.len(),
-            q(&st, 50.0),
-            q(&lt, 50.0),
-            pct(q(&st, 50.0), q(&lt, 50.0)),
-            q(&st, 99.0),
-            q(&lt, 99.0),
-            pct(q(&st, 99.0), q(&lt, 99.0)),
-            100.0 * mape,
-            q(&sp, 50.0),
-            q(&lp, 50.0),
-            pct(q(&sp, 50.0), q(&lp, 50.0)),
-        );
+        write_latency_row(md, point, policy, &groups[key]);
     }
-    let throughput = |pairs: &[(Times, Times)], live: bool| -> Option<f64> {
-        let spans: Vec<(f64, f64)> = pairs
-            .iter()
-            .map(|p| if live { p.1.span } else { p.0.span })
-            .collect::<Option<_>>()?;
-        let first = spans.iter().map(|s| s.0).fold(f64::INFINITY, f64::min);
-        let last = spans.iter().map(|s| s.1).fold(f64::NEG_INFINITY, f64::max);
-        (last > first).then(|| spans.len() as f64 / ((last - first) / 1e3))
-    };
-    if order
+}
+
+/// Writes the latency table's row of `policy` at `point`, from its matched times `pairs`.
+fn write_latency_row(md: &mut String, point: &str, policy: &str, pairs: &[(Times, Times)]) {
+    let st = sorted(pairs.iter().map(|p| p.0.ttft).collect());
+    let lt = sorted(pairs.iter().map(|p| p.1.ttft).collect());
+    let sp = sorted(pairs.iter().filter_map(|p| p.0.tpot).collect());
+    let lp = sorted(pairs.iter().filter_map(|p| p.1.tpot).collect());
+    let mape = pairs
+        .iter()
+        .filter(|p| p.1.ttft > 0.0)
+        .map(|p| (p.0.ttft - p.1.ttft).abs() / p.1.ttft)
+        .sum::<f64>()
+        / pairs.len() as f64;
+    let _ = writeln!(
+        md,
+        "| {} | {policy} | {} | {:.1} | {:.1} | {} | {:.1} | {:.1} | {} | {:.1}% | {:.2} | {:.2} \
+         | {} |",
+        if point.is_empty() { "-" } else { point },
+        pairs.len(),
+        quantile(&st, 50.0),
+        quantile(&lt, 50.0),
+        pct(quantile(&st, 50.0), quantile(&lt, 50.0)),
+        quantile(&st, 99.0),
+        quantile(&lt, 99.0),
+        pct(quantile(&st, 99.0), quantile(&lt, 99.0)),
+        100.0 * mape,
+        quantile(&sp, 50.0),
+        quantile(&lp, 50.0),
+        pct(quantile(&sp, 50.0), quantile(&lp, 50.0)),
+    );
+}
+
+/// Requests per second of the live (or simulated) run over `pairs`, from the first arrival to
+/// the last end; `None` without arrival and end times or over an empty span.
+fn throughput(pairs: &[(Times, Times)], live: bool) -> Option<f64> {
+    let spans: Vec<(f64, f64)> = pairs
+        .iter()
+        .map(|p| if live { p.1.span } else { p.0.span })
+        .collect::<Option<_>>()?;
+    let first = spans.iter().map(|s| s.0).fold(f64::INFINITY, f64::min);
+    let last = spans.iter().map(|s| s.1).fold(f64::NEG_INFINITY, f64::max);
+    (last > first).then(|| spans.len() as f64 / ((last - first) / 1e3))
+}
+
+/// Writes the throughput table, when every group's simulated throughput is known.
+fn write_throughput_table(md: &mut String, order: &[(String, String)], groups: &Groups) {
+    if !order
         .iter()
         .all(|k| throughput(&groups[k], false).is_some())
     {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\nThroughput over the compared requests, requests/s:\n\n\
+         | point | policy | sim | live | error |\n|---|---|---:|---:|---:|"
+    );
+    for key in order {
+        let (sim, live) = (
+            throughput(&groups[key], false).unwrap_or(0.0),
+            throughput(&groups[key], true).unwrap_or(0.0),
+        );
+        let point = if key.0.is_empty() { "-" } else { &key.0 };
         let _ = writeln!(
             md,
-            "\nThroughput over the compared requests, requests/s:\n\n\
-             | point | policy | sim | live | error |\n|---|---|---:|---:|---:|"
+            "| {point} | {} | {sim:.2} | {live:.2} | {} |",
+            key.1,
+            pct(sim, live)
         );
-        for key in &order {
-            let (sim, live) = (
-                throughput(&groups[key], false).unwrap_or(0.0),
-                throughput(&groups[key], true).unwrap_or(0.0),
-            );
-            let point = if key.0.is_empty() { "-" } else { &key.0 };
-            let _ = writeln!(
-                md,
-                "| {point} | {} | {sim:.2} | {live:.2} | {} |",
-                key.1,
-                pct(sim, live)
-            );
+    }
+}
+
+/// A policy's name with its simulated and live TTFT p50 at one sweep point.
+type Ranked<'a> = (&'a str, f64, f64);
+
+/// The policies at `point`, in `order`, with their simulated and live TTFT p50.
+fn ranking_rows<'a>(
+    order: &'a [(String, String)],
+    groups: &Groups,
+    point: &str,
+) -> Vec<Ranked<'a>> {
+    order
+        .iter()
+        .filter(|k| k.0 == point)
+        .map(|k| {
+            let pairs = &groups[k];
+            let p50 = |v: Vec<f64>| nearest_rank(&sorted(v), 50.0);
+            (
+                k.1.as_str(),
+                p50(pairs.iter().map(|p| p.0.ttft).collect()),
+                p50(pairs.iter().map(|p| p.1.ttft).collect()),
+            )
+        })
+        .collect()
+}
+
+/// The names of `rows` as ordered, with `=` between neighbours within 1 % of each other by
+/// the live (or simulated) p50 and `<` between the others.
+fn ranked_names(rows: &[Ranked<'_>], live: bool) -> String {
+    let v = |r: &Ranked<'_>| if live { r.2 } else { r.1 };
+    let mut out = String::new();
+    for (i, r) in rows.iter().enumerate() {
+        if i > 0 {
+            out += if v(r) > v(&rows[i - 1]) * 1.01 {
+                " < "
+            } else {
+                " = "
+            };
+        }
+        out += r.0;
+    }
+    out
+}
+
+/// The pairs of `rows` (sorted by simulated p50) that the simulation orders and the live run
+/// orders the other way, as "a and b".
+fn swapped_pairs(rows: &[Ranked<'_>]) -> Vec<String> {
+    let mut swapped = Vec::new();
+    for i in 0..rows.len() {
+        for j in i + 1..rows.len() {
+            let (a, b) = (rows[i], rows[j]);
+            let ordered = b.1 > a.1 * 1.01;
+            if ordered && b.2 < a.2 {
+                swapped.push(format!("{} and {}", a.0, b.0));
+            }
         }
     }
+    swapped
+}
+
+/// Writes, per sweep point, the policies ranked by TTFT p50 in both runs and whether the
+/// rankings agree.
+fn write_rankings(md: &mut String, order: &[(String, String)], groups: &Groups) {
     let _ = writeln!(
         md,
         "\nRanking by TTFT p50 (fastest first; policies within 1 % of each other in the \
          simulation are tied):\n"
     );
     let mut points: Vec<&String> = Vec::new();
-    for (point, _) in &order {
+    for (point, _) in order {
         if !points.contains(&point) {
             points.push(point);
         }
     }
     for point in points {
-        let mut rows: Vec<(&str, f64, f64)> = order
-            .iter()
-            .filter(|k| &k.0 == point)
-            .map(|k| {
-                let pairs = &groups[k];
-                let p50 = |v: Vec<f64>| nearest_rank(&sorted(v), 50.0);
-                (
-                    k.1.as_str(),
-                    p50(pairs.iter().map(|p| p.0.ttft).collect()),
-                    p50(pairs.iter().map(|p| p.1.ttft).collect()),
-                )
-            })
-            .collect();
-        // Fastest first; `=` between neighbours within 1 % of each other.
-        let names = |rows: &[(&str, f64, f64)], live: bool| {
-            let v = |r: &(&str, f64, f64)| if live { r.2 } else { r.1 };
-            let mut out = String::new();
-            for (i, r) in rows.iter().enumerate() {
-                if i > 0 {
-                    out += if v(r) > v(&rows[i - 1]) * 1.01 {
-                        " < "
-                    } else {
-                        " = "
-                    };
-                }
-                out += r.0;
-            }
-            out
-        };
+        let mut rows = ranking_rows(order, groups, point);
         rows.sort_by(|a, b| a.1.total_cmp(&b.1));
-        let sim_order = names(&rows, false);
-        let mut swapped = Vec::new();
-        for i in 0..rows.len() {
-            for j in i + 1..rows.len() {
-                let (a, b) = (rows[i], rows[j]);
-                let ordered = b.1 > a.1 * 1.01;
-                if ordered && b.2 < a.2 {
-                    swapped.push(format!("{} and {}", a.0, b.0));
-                }
-            }
-        }
+        let sim_order = ranked_names(&rows, false);
+        let swapped = swapped_pairs(&rows);
         rows.sort_by(|a, b| a.2.total_cmp(&b.2));
-        let live_order = names(&rows, true);
+        let live_order = ranked_names(&rows, true);
         let verdict = if swapped.is_empty() {
             "the same".to_string()
         } else {
@@ -363,5 +415,20 @@ pub fn compare(sim: &Path, live: &Path) -> Result<String, CompareError> {
             }
         );
     }
+}
+
+/// A markdown report comparing the simulated folder `sim` with the live folder `live`.
+pub fn compare(sim: &Path, live: &Path) -> Result<String, CompareError> {
+    let a = load(sim)?;
+    let b: BTreeMap<Key, Times> = load(live)?.into_iter().collect();
+    let (order, groups) = match_requests(&a, &b);
+    if groups.is_empty() {
+        return Err(CompareError::Nothing);
+    }
+    let mut md = String::new();
+    write_heading(&mut md, sim, live);
+    write_latency_table(&mut md, &order, &groups);
+    write_throughput_table(&mut md, &order, &groups);
+    write_rankings(&mut md, &order, &groups);
     Ok(md)
 }

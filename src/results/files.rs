@@ -4,6 +4,10 @@
 /// The marker file in every results folder that meshsim writes (see [`super::output`]).
 pub const MARKER: &str = ".meshsim-results";
 
+/// The manifest of a share of a run (see [`super::share`]): a folder that holds one was written
+/// by `meshsim run --points`, and running that share again may replace it.
+pub const SHARE_MANIFEST: &str = "share.toml";
+
 /// The figures' file names without extension, in `plot::Figure` order.
 pub const FIGURES: [&str; 6] = [
     "ttft_cdf",
@@ -23,6 +27,7 @@ pub fn names() -> Vec<String> {
         "summary.csv",
         "report.md",
         "comparison.md",
+        SHARE_MANIFEST,
     ]
     .map(String::from)
     .to_vec();

@@ -5,10 +5,17 @@
 //! so shares of a sweep whose points differ in cost get similar mixes. `meshsim run FILE
 //! --points K/N` simulates one share and writes a **partial results folder**: the run's
 //! `scenario.toml`, the share's rows of `requests.csv` and `summary.csv` (same columns, jobs in
-//! run order), and `share.toml`, which names the share, the run's job count and the rows of
-//! each job. `meshsim merge DIR...` checks that the folders are the `n` shares of one run
-//! (identical `scenario.toml`, each share once, each job where it belongs, row counts as
-//! declared), splices their rows back into run order and writes exactly the folder one run
+//! run order), and `share.toml`, which names the share, the run's job count, each job's point,
+//! policy and rows, and a digest of each file as written.
+//!
+//! **A share proves what it holds.** `meshsim merge DIR...` checks, before it writes anything,
+//! that the folders are the `n` shares of one run: the same `scenario.toml` and seed, each
+//! share once, jobs that partition the run exactly once, each file's bytes as their digest
+//! says (an edited or truncated file is refused, named), row counts per job as declared,
+//! summary rows and request rows that name the job they claim (its point and policy; the
+//! caller may give the run's own list of jobs to check them against), and numbers the plots
+//! can read. Every check takes time bounded by the size of the files, never by a number in
+//! them. Then it splices the rows back into run order and writes exactly the folder one run
 //! would have written, plots and report included (`tests/shares.rs` compares the bytes).
 //!
 //! Every simulation is deterministic and depends only on the scenario, the seed and its point
@@ -26,9 +33,9 @@ use crate::metrics::Summary;
 use crate::metrics::write::write_summary;
 
 /// Name of a share's manifest in its folder.
-pub const MANIFEST: &str = "share.toml";
+pub const MANIFEST: &str = super::files::SHARE_MANIFEST;
 /// Version of the manifest's format.
-const FORMAT: u32 = 1;
+const FORMAT: u32 = 2;
 /// Most shares a run may be split into.
 pub const MAX_SHARES: u32 = 100_000;
 
@@ -91,16 +98,45 @@ struct Manifest {
     of: u32,
     /// Simulations in the whole run.
     jobs: u32,
+    /// Digests of the files as written ([`digest`]).
+    digest: Digests,
     /// The share's jobs, in run order.
     job: Vec<JobRows>,
+}
+
+/// [`digest`]s of a share's files.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Digests {
+    scenario: String,
+    requests: String,
+    summary: String,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct JobRows {
     index: u32,
+    /// The job's sweep point, if the run has a sweep.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    point: Option<String>,
+    policy: String,
     /// Rows of `requests.csv` that the job wrote.
     requests: u64,
+}
+
+/// A simulation of a run as its rows name it: its sweep point (with a sweep) and its policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobName {
+    pub point: Option<String>,
+    pub policy: String,
+}
+
+/// The digest of a file's bytes that a share's manifest records: 64-bit FNV-1a finished with
+/// a mixer ([`crate::hash::bytes_hash`]), in hex. It tells an edited or truncated file from
+/// the one written; it is no defence against someone who rewrites the manifest too.
+fn digest(bytes: &[u8]) -> String {
+    format!("{:016x}", crate::hash::bytes_hash(bytes))
 }
 
 /// The run a share belongs to: its name, seed, scenario text, which share, the run's job
@@ -137,26 +173,6 @@ pub fn write_share(run: &ShareOf, runs: &[ShareRun], dir: &Path) -> std::io::Res
     } = *run;
     let files: Option<Vec<&Path>> = runs.iter().map(|r| r.spooled).collect();
     let files = files.ok_or_else(|| std::io::Error::other("a share's runs must be spooled"))?;
-    let manifest = Manifest {
-        format: FORMAT,
-        name: name.to_string(),
-        seed,
-        share: share.k,
-        of: share.n,
-        jobs: jobs as u32,
-        job: runs
-            .iter()
-            .map(|r| JobRows {
-                index: r.index as u32,
-                requests: r.rows,
-            })
-            .collect(),
-    };
-    let manifest = format!(
-        "# A share of a meshsim run (meshsim run --points {share}); `meshsim merge` assembles \
-         the shares.\n{}",
-        toml::to_string(&manifest).map_err(std::io::Error::other)?
-    );
     crate::results::output::replace_dir_atomically(dir, |tmp| {
         std::fs::write(tmp.join("scenario.toml"), text)?;
         super::RequestRows::Spooled {
@@ -165,8 +181,40 @@ pub fn write_share(run: &ShareOf, runs: &[ShareRun], dir: &Path) -> std::io::Res
         }
         .write(&tmp.join("requests.csv"))?;
         let summaries: Vec<Summary> = runs.iter().map(|r| r.summary.clone()).collect();
-        let f = std::io::BufWriter::new(std::fs::File::create(tmp.join("summary.csv"))?);
-        write_summary(f, &summaries).map_err(std::io::Error::other)?;
+        let mut f = std::io::BufWriter::new(std::fs::File::create(tmp.join("summary.csv"))?);
+        write_summary(&mut f, &summaries).map_err(std::io::Error::other)?;
+        std::io::Write::flush(&mut f)?;
+        drop(f);
+        // The digests of the bytes as they lie in the folder.
+        let file_digest =
+            |f: &str| -> std::io::Result<String> { Ok(digest(&std::fs::read(tmp.join(f))?)) };
+        let manifest = Manifest {
+            format: FORMAT,
+            name: name.to_string(),
+            seed,
+            share: share.k,
+            of: share.n,
+            jobs: jobs as u32,
+            digest: Digests {
+                scenario: digest(text.as_bytes()),
+                requests: file_digest("requests.csv")?,
+                summary: file_digest("summary.csv")?,
+            },
+            job: runs
+                .iter()
+                .map(|r| JobRows {
+                    index: r.index as u32,
+                    point: r.summary.point.clone(),
+                    policy: r.summary.policy.clone(),
+                    requests: r.rows,
+                })
+                .collect(),
+        };
+        let manifest = format!(
+            "# A share of a meshsim run (meshsim run --points {share}); `meshsim merge` \
+             assembles the shares.\n{}",
+            toml::to_string(&manifest).map_err(std::io::Error::other)?
+        );
         std::fs::write(tmp.join(MANIFEST), manifest)
     })
     .map_err(std::io::Error::from)
@@ -191,19 +239,23 @@ struct Part {
     summary: Csv,
 }
 
-/// A CSV file as its header line and its records' raw bytes (each with its line end).
+/// A CSV file as its header line and its records' raw bytes (each with its line end), and the
+/// digest of the whole file.
 struct Csv {
     header: Vec<u8>,
     rows: Vec<Vec<u8>>,
+    digest: String,
 }
 
 fn bad(msg: impl Into<String>) -> MergeError {
     MergeError::Bad(msg.into())
 }
 
+/// Reads the CSV file at `path` (its digest is checked later, against the manifest's).
 fn read_csv(path: &Path) -> Result<Csv, MergeError> {
     let bytes = crate::text::read_capped(path, crate::text::MAX_DATA_BYTES)
         .map_err(|e| bad(format!("{}: cannot read: {e}", path.display())))?;
+    let digest = digest(&bytes);
     let mut r = csv::ReaderBuilder::new()
         .has_headers(false)
         .from_reader(bytes.as_slice());
@@ -229,6 +281,7 @@ fn read_csv(path: &Path) -> Result<Csv, MergeError> {
     Ok(Csv {
         header,
         rows: pieces,
+        digest,
     })
 }
 
@@ -265,13 +318,33 @@ fn read_part(dir: &Path) -> Result<Part, MergeError> {
                 at("scenario.toml").display()
             ))
         })?;
+    check_digest(&at("scenario.toml"), &text, &manifest.digest.scenario)?;
+    let requests = read_csv(&at("requests.csv"))?;
+    let summary = read_csv(&at("summary.csv"))?;
     Ok(Part {
         dir: dir.to_path_buf(),
-        requests: read_csv(&at("requests.csv"))?,
-        summary: read_csv(&at("summary.csv"))?,
+        requests,
+        summary,
         manifest,
         text,
     })
+}
+
+/// Refuses `bytes` (read from `path`) unless their digest is `recorded`.
+fn check_digest(path: &Path, bytes: &[u8], recorded: &str) -> Result<(), MergeError> {
+    check_digest_of(path, &digest(bytes), recorded)
+}
+
+/// Refuses the file at `path`, whose digest is `got`, unless it is `recorded`.
+fn check_digest_of(path: &Path, got: &str, recorded: &str) -> Result<(), MergeError> {
+    if got == recorded {
+        return Ok(());
+    }
+    Err(bad(format!(
+        "{}: its digest is {got}, {MANIFEST} says {recorded}: the file changed after the share \
+         was written (edited or truncated); run the share again",
+        path.display()
+    )))
 }
 
 /// Checks that `parts` are the shares of one run, each once and whole; returns the run's
@@ -310,18 +383,7 @@ fn check_parts(parts: &[Part]) -> Result<(u32, usize), MergeError> {
                 other.display()
             )));
         }
-        let share = Share { k: m.share, n };
-        let expected: Vec<u32> = (0..jobs)
-            .filter(|&i| share.owns(i))
-            .map(|i| i as u32)
-            .collect();
-        let listed: Vec<u32> = m.job.iter().map(|j| j.index).collect();
-        if listed != expected {
-            return Err(bad(format!(
-                "{d}: {MANIFEST} lists jobs {listed:?}, but share {share} of a run of {jobs} \
-                 holds {expected:?}"
-            )));
-        }
+        check_jobs(p, n, jobs)?;
         let rows: u64 = m.job.iter().map(|j| j.requests).sum();
         if p.requests.rows.len() as u64 != rows {
             return Err(bad(format!(
@@ -351,6 +413,145 @@ fn check_parts(parts: &[Part]) -> Result<(u32, usize), MergeError> {
     Ok((n, jobs))
 }
 
+/// Checks that share `p` of `n` lists exactly its jobs of a run of `jobs`: jobs `k - 1`,
+/// `k - 1 + n`, ... below `jobs`, in order. Time bounded by the manifest's list, whatever
+/// `jobs` and `n` say.
+fn check_jobs(p: &Part, n: u32, jobs: usize) -> Result<(), MergeError> {
+    let m = &p.manifest;
+    let share = Share { k: m.share, n };
+    let first = u64::from(m.share - 1);
+    let (jobs, n64) = (jobs as u64, u64::from(n));
+    let count = if first < jobs {
+        (jobs - first).div_ceil(n64)
+    } else {
+        0
+    };
+    if m.job.len() as u64 != count {
+        return Err(bad(format!(
+            "{}: {MANIFEST} lists {} jobs, but share {share} of a run of {jobs} holds {count}",
+            p.dir.display(),
+            m.job.len()
+        )));
+    }
+    for (t, job) in m.job.iter().enumerate() {
+        let want = first + t as u64 * n64;
+        if u64::from(job.index) != want {
+            return Err(bad(format!(
+                "{}: {MANIFEST} lists job {} where share {share} holds job {want}",
+                p.dir.display(),
+                job.index
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that every row of share `p` names the job it belongs to: summary row `j` and the
+/// requests rows of the manifest's job `j` carry its point and policy, which are `expected`'s
+/// for that job when the caller knows the run's jobs. Then reads the share's CSV files as the
+/// plots will (numbers finite and in range), so that a bad value is named in the share's file
+/// before anything is written.
+fn check_rows(p: &Part, expected: Option<&[JobName]>) -> Result<(), MergeError> {
+    let d = p.dir.display();
+    let digests = &p.manifest.digest;
+    check_digest_of(
+        &p.dir.join("requests.csv"),
+        &p.requests.digest,
+        &digests.requests,
+    )?;
+    check_digest_of(
+        &p.dir.join("summary.csv"),
+        &p.summary.digest,
+        &digests.summary,
+    )?;
+    let summary = named_rows(&p.summary, &p.dir.join("summary.csv"))?;
+    let requests = named_rows(&p.requests, &p.dir.join("requests.csv"))?;
+    let mut row = 0;
+    for (j, job) in p.manifest.job.iter().enumerate() {
+        let claimed = JobName {
+            point: job.point.clone(),
+            policy: job.policy.clone(),
+        };
+        if let Some(want) = expected.and_then(|e| e.get(job.index as usize))
+            && *want != claimed
+        {
+            return Err(bad(format!(
+                "{d}: {MANIFEST} names job {} {}, but the run's job {} is {}",
+                job.index,
+                show(&claimed),
+                job.index,
+                show(want)
+            )));
+        }
+        if summary[j] != claimed {
+            return Err(bad(format!(
+                "{d}/summary.csv: line {}: {} where job {} is {}",
+                j + 2,
+                show(&summary[j]),
+                job.index,
+                show(&claimed)
+            )));
+        }
+        let rows = &requests[row..row + job.requests as usize];
+        if let Some(k) = rows.iter().position(|r| *r != claimed) {
+            return Err(bad(format!(
+                "{d}/requests.csv: line {}: a row of {} among the rows of job {} ({})",
+                row + k + 2,
+                show(&rows[k]),
+                job.index,
+                show(&claimed)
+            )));
+        }
+        row += job.requests as usize;
+    }
+    crate::results::plot::Results::load(&p.dir).map_err(|e| bad(e.to_string()))?;
+    Ok(())
+}
+
+/// `point / policy` of a job, for messages.
+fn show(job: &JobName) -> String {
+    match &job.point {
+        Some(point) => format!("policy {} at point {point:?}", job.policy),
+        None => format!("policy {}", job.policy),
+    }
+}
+
+/// The job each row of `csv` (read from `path`) names: its `point` (if the file has the
+/// column) and `policy` columns.
+fn named_rows(csv: &Csv, path: &Path) -> Result<Vec<JobName>, MergeError> {
+    let header = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .from_reader(csv.header.as_slice())
+        .byte_records()
+        .next()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    let col = |name: &str| header.iter().position(|h| h == name.as_bytes());
+    let policy =
+        col("policy").ok_or_else(|| bad(format!("{}: no `policy` column", path.display())))?;
+    let point = col("point");
+    let mut out = Vec::with_capacity(csv.rows.len());
+    let mut rec = csv::ByteRecord::new();
+    for (i, raw) in csv.rows.iter().enumerate() {
+        let mut r = csv::ReaderBuilder::new()
+            .has_headers(false)
+            .from_reader(raw.as_slice());
+        if !r.read_byte_record(&mut rec).unwrap_or(false) {
+            return Err(bad(format!(
+                "{}: line {}: not a CSV row",
+                path.display(),
+                i + 2
+            )));
+        }
+        let text = |c: usize| String::from_utf8_lossy(rec.get(c).unwrap_or_default()).into_owned();
+        out.push(JobName {
+            point: point.map(text),
+            policy: text(policy),
+        });
+    }
+    Ok(out)
+}
+
 /// `meshsim merge`: the run's name (for the default output folder) of the shares in `dirs`,
 /// checked; nothing is written.
 pub fn run_name(dirs: &[PathBuf]) -> Result<String, MergeError> {
@@ -361,8 +562,13 @@ pub fn run_name(dirs: &[PathBuf]) -> Result<String, MergeError> {
 }
 
 /// Merges the share folders `dirs` into `out`, exactly the folder one run would have written
-/// (see the module doc).
-pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Written, MergeError> {
+/// (see the module doc). With `expected`, the run's jobs in order (from its scenario), every
+/// share's jobs must be those.
+pub fn merge(
+    dirs: &[PathBuf],
+    out: &Path,
+    expected: Option<&[JobName]>,
+) -> Result<Written, MergeError> {
     if dirs.is_empty() {
         return Err(bad("give the folders of every share"));
     }
@@ -371,6 +577,18 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Written, MergeError> {
         .map(|d| read_part(d))
         .collect::<Result<_, _>>()?;
     let (n, jobs) = check_parts(&parts)?;
+    if let Some(e) = expected
+        && e.len() != jobs
+    {
+        return Err(bad(format!(
+            "{}: a run of {jobs} simulations, but its scenario.toml gives {}",
+            parts[0].dir.display(),
+            e.len()
+        )));
+    }
+    for p in &parts {
+        check_rows(p, expected)?;
+    }
     let by_share: BTreeMap<u32, &Part> = parts.iter().map(|p| (p.manifest.share, p)).collect();
     // Each share's rows, consumed job by job in run order.
     let mut next_row: BTreeMap<u32, usize> = BTreeMap::new();

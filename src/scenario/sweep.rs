@@ -97,28 +97,13 @@ pub(crate) fn sweep_texts(
     text: &str,
     sweep: &toml::Table,
 ) -> Result<Vec<SweepText>, ScenarioError> {
-    let spans = sweep_spans(text);
-    // The value `i` of `key` as written in the file, and its line and column.
-    let written = |key: &str, i: usize, v: &toml::Value| match spans.get(key).and_then(|s| s.get(i))
-    {
-        Some(r) => (
-            text[r.clone()].trim().to_string(),
-            Some(line_col(text, r.start)),
-        ),
-        None => (v.to_string(), None),
-    };
-    let err = |key: &str, message: String| ScenarioError {
-        file: file.to_string(),
-        key: if key.is_empty() {
-            "sweep".to_string()
-        } else {
-            format!("sweep.\"{key}\"")
-        },
-        message,
-        line_col: None,
+    let sw = Sweep {
+        file,
+        text,
+        spans: sweep_spans(text),
     };
     if sweep.is_empty() || sweep.len() > MAX_SWEEP_AXES {
-        return Err(err(
+        return Err(sw.err(
             "",
             format!(
                 "expected 1 to {MAX_SWEEP_AXES} keys to sweep, found {}",
@@ -126,23 +111,83 @@ pub(crate) fn sweep_texts(
             ),
         ));
     }
-    let shown = |v: &toml::Value| match v {
-        toml::Value::String(s) => s.clone(),
-        other => other.to_string(),
-    };
-    // (axis key as written, its keys, its values): a key `"a.b & c.d"` sets several keys
-    // together, each value a list of one value per key.
-    let mut axes: Vec<(&str, Vec<&str>, &Vec<toml::Value>)> = Vec::new();
-    for (key, values) in sweep {
+    let axes = sweep
+        .iter()
+        .map(|(key, values)| sw.axis(key, values))
+        .collect::<Result<Vec<Axis<'_>>, ScenarioError>>()?;
+    for axis in &axes {
+        sw.check_repeats(axis)?;
+    }
+    let total: usize = axes.iter().map(|a| a.values.len()).product();
+    if total > MAX_SWEEP_POINTS {
+        return Err(sw.err(
+            "",
+            format!("{total} points; at most {MAX_SWEEP_POINTS} are allowed"),
+        ));
+    }
+    let mut base: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| sw.err("", e.message().to_string()))?;
+    base.remove("sweep");
+    (0..total).map(|i| sw.point(&base, &axes, i)).collect()
+}
+
+/// One axis of a sweep: a key `"a.b & c.d"` sets several keys together, each value then a
+/// list of one value per key.
+struct Axis<'a> {
+    /// The axis's key as written.
+    key: &'a str,
+    /// The keys it sets.
+    keys: Vec<&'a str>,
+    values: &'a [toml::Value],
+}
+
+/// A scenario file with a `[sweep]` table, and where its swept values are written.
+struct Sweep<'a> {
+    file: &'a str,
+    text: &'a str,
+    spans: BTreeMap<String, Vec<Range<usize>>>,
+}
+
+impl Sweep<'_> {
+    /// An error at `[sweep]` key `key` (the table itself when empty).
+    fn err(&self, key: &str, message: String) -> ScenarioError {
+        ScenarioError {
+            file: self.file.to_string(),
+            key: if key.is_empty() {
+                "sweep".to_string()
+            } else {
+                format!("sweep.\"{key}\"")
+            },
+            message,
+            line_col: None,
+        }
+    }
+
+    /// The value `i` of `key` as written in the file, and its line and column.
+    fn written(&self, key: &str, i: usize, v: &toml::Value) -> (String, Option<(usize, usize)>) {
+        match self.spans.get(key).and_then(|s| s.get(i)) {
+            Some(r) => (
+                self.text[r.clone()].trim().to_string(),
+                Some(line_col(self.text, r.start)),
+            ),
+            None => (v.to_string(), None),
+        }
+    }
+
+    /// The axis of `[sweep]` key `key` with its `values`: keys joined by `&`, at most
+    /// [`MAX_TIED_KEYS`] of them, and a non-empty list of values (each a list of one value per
+    /// key when there are several keys).
+    fn axis<'v>(&self, key: &'v str, values: &'v toml::Value) -> Result<Axis<'v>, ScenarioError> {
         let keys: Vec<&str> = key.split('&').map(str::trim).collect();
         if keys.iter().any(|k| k.is_empty()) {
-            return Err(err(
+            return Err(self.err(
                 key,
                 "expected keys joined by `&`, found an empty one".into(),
             ));
         }
         if keys.len() > MAX_TIED_KEYS {
-            return Err(err(
+            return Err(self.err(
                 key,
                 format!(
                     "expected at most {MAX_TIED_KEYS} keys swept together, found {}",
@@ -150,59 +195,46 @@ pub(crate) fn sweep_texts(
                 ),
             ));
         }
-        match values {
-            toml::Value::Array(v) if !v.is_empty() => {
-                if keys.len() > 1 {
-                    for (i, value) in v.iter().enumerate() {
-                        let fits = matches!(value, toml::Value::Array(a) if a.len() == keys.len());
-                        if !fits {
-                            let (w, at) = written(key, i, value);
-                            return Err(ScenarioError {
-                                line_col: at,
-                                ..err(
-                                    key,
-                                    format!(
-                                        "expected a list of {} values (one for each of {}), found \
-                                         {w}",
-                                        keys.len(),
-                                        keys.join(", ")
-                                    ),
-                                )
-                            });
-                        }
-                    }
+        let toml::Value::Array(v) = values else {
+            return Err(self.err(key, "expected a non-empty list of values".into()));
+        };
+        if v.is_empty() {
+            return Err(self.err(key, "expected a non-empty list of values".into()));
+        }
+        if keys.len() > 1 {
+            for (i, value) in v.iter().enumerate() {
+                let fits = matches!(value, toml::Value::Array(a) if a.len() == keys.len());
+                if !fits {
+                    let (w, at) = self.written(key, i, value);
+                    return Err(ScenarioError {
+                        line_col: at,
+                        ..self.err(
+                            key,
+                            format!(
+                                "expected a list of {} values (one for each of {}), found {w}",
+                                keys.len(),
+                                keys.join(", ")
+                            ),
+                        )
+                    });
                 }
-                axes.push((key, keys, v));
-            }
-            _ => {
-                return Err(err(key, "expected a non-empty list of values".into()));
             }
         }
+        Ok(Axis {
+            key,
+            keys,
+            values: v,
+        })
     }
-    // The keys a point sets and their values: one for a plain axis, several for a tied one.
-    let pairs = |keys: &[&str], v: &toml::Value| -> Vec<(String, toml::Value)> {
-        match (keys.len(), v) {
-            (1, _) => vec![(keys[0].to_string(), v.clone())],
-            (_, toml::Value::Array(a)) => keys
-                .iter()
-                .zip(a)
-                .map(|(k, v)| (k.to_string(), v.clone()))
-                .collect(),
-            _ => unreachable!("tied values were checked to be lists"),
-        }
-    };
-    let label_of = |keys: &[&str], v: &toml::Value| -> String {
-        pairs(keys, v)
-            .iter()
-            .map(|(k, v)| format!("{}={}", k.rsplit('.').next().unwrap_or(k), shown(v)))
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
-    for (key, keys, values) in &axes {
+
+    /// Refuses a value that `axis` lists twice (as shown in labels): two points would have
+    /// one label.
+    fn check_repeats(&self, axis: &Axis<'_>) -> Result<(), ScenarioError> {
+        let (key, values) = (axis.key, axis.values);
         for (i, v) in values.iter().enumerate() {
             if let Some(first) = values[..i].iter().position(|u| shown(u) == shown(v)) {
-                let (again, at) = written(key, i, v);
-                let (before, _) = written(key, first, &values[first]);
+                let (again, at) = self.written(key, i, v);
+                let (before, _) = self.written(key, first, &values[first]);
                 let before = if before == again {
                     String::new()
                 } else {
@@ -210,43 +242,45 @@ pub(crate) fn sweep_texts(
                 };
                 return Err(ScenarioError {
                     line_col: at,
-                    ..err(
+                    ..self.err(
                         key,
                         format!(
                             "{again} is listed twice{before}: the label `{}` would name two \
                              points",
-                            label_of(keys, v)
+                            label_of(&axis.keys, v)
                         ),
                     )
                 });
             }
         }
+        Ok(())
     }
-    let total: usize = axes.iter().map(|(_, _, v)| v.len()).product();
-    if total > MAX_SWEEP_POINTS {
-        return Err(err(
-            "",
-            format!("{total} points; at most {MAX_SWEEP_POINTS} are allowed"),
-        ));
-    }
-    let mut base: toml::Table = text
-        .parse()
-        .map_err(|e: toml::de::Error| err("", e.message().to_string()))?;
-    base.remove("sweep");
-    let mut points = Vec::with_capacity(total);
-    for i in 0..total {
+
+    /// Point `i` of the sweep over `axes` (the last axis varies fastest): `base` with the
+    /// point's values set.
+    fn point(
+        &self,
+        base: &toml::Table,
+        axes: &[Axis<'_>],
+        i: usize,
+    ) -> Result<SweepText, ScenarioError> {
         let mut t = base.clone();
         let mut label = Vec::new();
         let mut values = Vec::new();
         let mut rest = i;
-        for (key, keys, list) in axes.iter().rev() {
+        for Axis {
+            key,
+            keys,
+            values: list,
+        } in axes.iter().rev()
+        {
             let j = rest % list.len();
             let v = &list[j];
             rest /= list.len();
-            let (written, at) = written(key, j, v);
+            let (written, at) = self.written(key, j, v);
             // Pushed in reverse, so that the reversal below puts a tied axis's keys in order.
             for (k, value) in pairs(keys, v).into_iter().rev() {
-                set_path(&mut t, &k, value).map_err(|m| err(key, m))?;
+                set_path(&mut t, &k, value).map_err(|m| self.err(key, m))?;
                 values.push(SweptValue {
                     key: k,
                     written: written.clone(),
@@ -257,14 +291,44 @@ pub(crate) fn sweep_texts(
         }
         label.reverse();
         values.reverse();
-        let point_text = toml::to_string(&t).map_err(|e| err("", e.to_string()))?;
-        points.push(SweepText {
+        let point_text = toml::to_string(&t).map_err(|e| self.err("", e.to_string()))?;
+        Ok(SweepText {
             label: label.join(" "),
             text: point_text,
             values,
-        });
+        })
     }
-    Ok(points)
+}
+
+/// A swept value as a label shows it: a string without its quotes, anything else as TOML.
+fn shown(v: &toml::Value) -> String {
+    match v {
+        toml::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The keys a point sets and their values: one for a plain axis, several for a tied one.
+fn pairs(keys: &[&str], v: &toml::Value) -> Vec<(String, toml::Value)> {
+    match (keys.len(), v) {
+        (1, _) => vec![(keys[0].to_string(), v.clone())],
+        (_, toml::Value::Array(a)) => keys
+            .iter()
+            .zip(a)
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect(),
+        _ => unreachable!("tied values were checked to be lists"),
+    }
+}
+
+/// The label part of value `v` of an axis setting `keys`: `key=value` for each key (last path
+/// segment), space-separated.
+fn label_of(keys: &[&str], v: &toml::Value) -> String {
+    pairs(keys, v)
+        .iter()
+        .map(|(k, v)| format!("{}={}", k.rsplit('.').next().unwrap_or(k), shown(v)))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Sets the dotted `path` in `t` to `v`, creating missing tables.

@@ -144,27 +144,8 @@ pub async fn live_with(
     if let (Some(m), Some(delta)) = (&memory, corrupt) {
         m.corrupt_reads(delta);
     }
-    let inst = s.serving.instance;
-    let mut backends = Vec::with_capacity(s.instances() as usize);
-    let device = Arc::new(crate::backend::DeviceLock::default());
     let timing = Arc::new(std::sync::Mutex::new(Timing::default()));
-    for _ in 0..s.instances() {
-        let mut b = PagedCandleBackend::new(
-            model.clone(),
-            trace.clone(),
-            inst.block_size,
-            inst.num_blocks,
-            memory
-                .clone()
-                .map(|m| m as Arc<dyn crate::backend::KvSource>),
-        )
-        .map_err(|e| config(&e))?;
-        if s.serving.shared_device {
-            b = b.with_device_lock(device.clone());
-        }
-        b = b.with_timing(timing.clone());
-        backends.push(Some(b));
-    }
+    let mut backends = backends(s, &model, &trace, memory.as_ref(), &timing)?;
     let (list, _) = actors(
         s,
         trace,
@@ -187,6 +168,64 @@ pub async fn live_with(
             .as_ref()
             .map(|(_, fit)| fit.price(terms) / 1e9)
     };
+    log_timing(policy, &t, &price);
+    if let Some(m) = &memory {
+        log_memory(policy, m);
+    }
+    Ok(PolicyRun {
+        policy,
+        report: out.report,
+        summary,
+        link_bytes: LinkBytes::default(),
+        wall: started.elapsed().max(out.wall),
+        spooled: None,
+        latencies: None,
+        output_check: None,
+        timing: Some(t),
+        across: None,
+    })
+}
+
+/// One paged candle backend for each instance of `s`, over the one `model` (its weights
+/// shared), reading stored K/V from `memory` under store policies and recording where the
+/// time of iterations goes in `timing`.
+fn backends(
+    s: &Scenario,
+    model: &ShardModel,
+    trace: &Arc<Trace>,
+    memory: Option<&Arc<ClusterMemory>>,
+    timing: &Arc<std::sync::Mutex<Timing>>,
+) -> Result<Vec<Option<PagedCandleBackend>>, LiveError> {
+    let inst = s.serving.instance;
+    let device = Arc::new(crate::backend::DeviceLock::default());
+    let mut backends = Vec::with_capacity(s.instances() as usize);
+    for _ in 0..s.instances() {
+        let mut b = PagedCandleBackend::new(
+            model.clone(),
+            trace.clone(),
+            inst.block_size,
+            inst.num_blocks,
+            memory
+                .cloned()
+                .map(|m| m as Arc<dyn crate::backend::KvSource>),
+        )
+        .map_err(|e| LiveError::Config(e.to_string()))?;
+        if s.serving.shared_device {
+            b = b.with_device_lock(device.clone());
+        }
+        b = b.with_timing(timing.clone());
+        backends.push(Some(b));
+    }
+    Ok(backends)
+}
+
+/// Logs where a live run's iterations spent their time, in all and by kind, with what the
+/// scenario's profile prices them at (`price`).
+fn log_timing(
+    policy: PolicyKind,
+    t: &Timing,
+    price: &dyn Fn(&[f64; crate::model::batch_profile::TERMS]) -> Option<f64>,
+) {
     let all = t.all();
     let priced = price(&all.terms);
     tracing::info!(
@@ -218,33 +257,23 @@ pub async fn live_with(
             "live iterations by kind"
         );
     }
-    if let Some(m) = &memory {
-        for node in 0..m.nodes() {
-            let st = m.stats(node);
-            tracing::info!(
-                policy = policy.name(),
-                node,
-                peak_host_bytes = st.peak_host_bytes,
-                ssd_bytes = st.ssd_bytes,
-                reads = st.reads,
-                missed_reads = st.missed_reads,
-                holes = st.holes,
-                "live store memory"
-            );
-        }
+}
+
+/// Logs what each node's store memory held and served in a live run.
+fn log_memory(policy: PolicyKind, m: &ClusterMemory) {
+    for node in 0..m.nodes() {
+        let st = m.stats(node);
+        tracing::info!(
+            policy = policy.name(),
+            node,
+            peak_host_bytes = st.peak_host_bytes,
+            ssd_bytes = st.ssd_bytes,
+            reads = st.reads,
+            missed_reads = st.missed_reads,
+            holes = st.holes,
+            "live store memory"
+        );
     }
-    Ok(PolicyRun {
-        policy,
-        report: out.report,
-        summary,
-        link_bytes: LinkBytes::default(),
-        wall: started.elapsed().max(out.wall),
-        spooled: None,
-        latencies: None,
-        output_check: None,
-        timing: Some(t),
-        across: None,
-    })
 }
 
 /// Runs every policy at every sweep point of `s` on the live host, one after another (in

@@ -38,6 +38,13 @@ impl Link {
     fn bandwidth(&self) -> f64 {
         self.capacity * self.factor
     }
+
+    /// Its share in progressive filling: what is left of its bandwidth over its unfixed
+    /// flows.
+    #[inline]
+    fn share(&self) -> f64 {
+        self.left.max(0.0) / self.unfixed as f64
+    }
 }
 
 /// A flow's record: its path, its rates and its progress (bytes left, since when, latency).
@@ -244,6 +251,15 @@ impl Flows {
     /// Recomputes the max-min fair rates of every flow connected to `seeds` through shared
     /// links, and queues a new finish time for each flow whose rate changed.
     fn reshare(&mut self, now: Nanos, seeds: impl Iterator<Item = u32>) {
+        let stamp = self.next_stamp();
+        self.find_component(stamp, seeds);
+        self.fill_component();
+        self.reschedule_component(now);
+    }
+
+    /// The mark of a new re-share; after 2^32 of them it wraps, and every mark is cleared.
+    #[inline]
+    fn next_stamp(&mut self) -> u32 {
         self.stamp = self.stamp.wrapping_add(1);
         if self.stamp == 0 {
             // Wrapped, after 2^32 re-shares: clear every mark, so that none equals a new one
@@ -256,7 +272,13 @@ impl Flows {
             }
             self.stamp = 1;
         }
-        let stamp = self.stamp;
+        self.stamp
+    }
+
+    /// Gathers into `comp_links` and `comp_flows` the links and flows connected to `seeds`
+    /// through shared links, marking each with `stamp` and each flow as not yet fixed.
+    #[inline]
+    fn find_component(&mut self, stamp: u32, seeds: impl Iterator<Item = u32>) {
         self.comp_links.clear();
         self.comp_flows.clear();
         for l in seeds {
@@ -289,6 +311,12 @@ impl Flows {
                 }
             }
         }
+    }
+
+    /// Progressive filling over the component: sets each of its flows' `new_rate` to its
+    /// max-min fair share.
+    #[inline]
+    fn fill_component(&mut self) {
         for &l in &self.comp_links {
             let link = &mut self.links[l as usize];
             link.left = link.bandwidth();
@@ -300,14 +328,13 @@ impl Flows {
         // next smallest: an entry whose share grew since it was pushed is pushed again.
         // Bounded: each pop fixes a link's flows or re-pushes a link whose share grew, at
         // most once per flow fixed on it.
-        let share = |link: &Link| link.left.max(0.0) / link.unfixed as f64;
         // Built whole and then ordered in one pass (linear), not pushed one by one: under
         // congestion a component holds most links of the cluster.
         let mut keys = std::mem::take(&mut self.heap).into_vec();
         keys.clear();
         keys.extend(self.comp_links.iter().filter_map(|&l| {
             let link = &self.links[l as usize];
-            (link.unfixed > 0).then(|| Reverse(share_key(share(link), l)))
+            (link.unfixed > 0).then(|| Reverse(share_key(link.share(), l)))
         }));
         self.heap = BinaryHeap::from(keys);
         // Once every flow is fixed, every entry left has no unfixed flow and would only be
@@ -326,26 +353,41 @@ impl Flows {
             if link.unfixed == 0 {
                 continue;
             }
-            let now_share = share(link);
+            let now_share = link.share();
             if now_share.to_bits() != bits {
                 self.heap.push(Reverse(share_key(now_share, l)));
                 continue;
             }
-            for k in 0..self.links[l as usize].flows.len() {
-                let id = self.links[l as usize].flows[k];
-                let f = &mut self.flows[id as usize];
-                if f.new_rate >= 0.0 {
-                    continue;
-                }
-                f.new_rate = now_share;
-                unfixed -= 1;
-                for &m in &f.links[..f.len as usize] {
-                    let link = &mut self.links[m as usize];
-                    link.left -= now_share;
-                    link.unfixed -= 1;
-                }
+            unfixed -= self.fix_flows(l as usize, now_share);
+        }
+    }
+
+    /// Fixes the unfixed flows of link `l` at `share`, taking it from every link of their
+    /// paths; returns how many it fixed.
+    #[inline]
+    fn fix_flows(&mut self, l: usize, share: f64) -> usize {
+        let mut fixed = 0;
+        for k in 0..self.links[l].flows.len() {
+            let id = self.links[l].flows[k];
+            let f = &mut self.flows[id as usize];
+            if f.new_rate >= 0.0 {
+                continue;
+            }
+            f.new_rate = share;
+            fixed += 1;
+            for &m in &f.links[..f.len as usize] {
+                let link = &mut self.links[m as usize];
+                link.left -= share;
+                link.unfixed -= 1;
             }
         }
+        fixed
+    }
+
+    /// Moves each flow of the component whose rate changed to its new rate at `now`, and
+    /// queues its new finish time.
+    #[inline]
+    fn reschedule_component(&mut self, now: Nanos) {
         for &id in &self.comp_flows {
             let f = &mut self.flows[id as usize];
             if f.new_rate == f.rate {

@@ -38,64 +38,88 @@ fn scenario_lines(v: &toml::Value) -> Vec<String> {
     if let Some(seed) = get(v, "seed") {
         lines.push(format!("- seed: {seed}"));
     }
-    let nodes = get(v, "hardware.nodes");
-    let per_node = get(v, "hardware.gpus_per_node");
-    let gpu = get(v, "hardware.gpu.name");
-    if nodes.is_some() || gpu.is_some() {
-        let mut s = String::from("- hardware:");
-        let mut total = String::new();
-        if let (Some(n), Some(g)) = (&nodes, &per_node) {
-            let _ = write!(s, " {n} nodes x {g}");
-            if let (Ok(a), Ok(b)) = (n.parse::<u64>(), g.parse::<u64>()) {
-                total = format!(" ({} GPUs)", a * b);
-            }
-        }
-        if let Some(gpu) = gpu {
-            let _ = write!(s, " {gpu}");
-        }
-        s.push_str(&total);
-        if let Some(bw) = get(v, "hardware.network.nic_bandwidth_gbit_per_s") {
-            let nics = get(v, "hardware.network.nics_per_node").unwrap_or_else(|| "?".into());
-            let _ = write!(s, "; network {nics} x {bw} Gbit/s NICs per node");
-        }
-        lines.push(s);
-    }
+    lines.extend(hardware_line(v));
     if let Some(m) = get(v, "model.preset").or_else(|| get(v, "model.name")) {
         lines.push(format!("- model: {m}"));
     }
-    if let Some(m) = get(v, "pipeline.model") {
-        let split = get(v, "pipeline.shards")
-            .map(|n| format!("{n} shards"))
-            .or_else(|| get(v, "pipeline.layers").map(|l| format!("shards of layers {l}")))
-            .unwrap_or_default();
-        lines.push(format!("- pipeline route: {m}, {split}"));
-        let live = get(v, "mode").is_some_and(|m| m == "live");
-        let cost = match get(v, "pipeline.cost").as_deref() {
-            Some("profile") => format!(
-                "profile {}",
-                get(v, "pipeline.profile").unwrap_or_else(|| "?".into())
-            ),
-            _ => "analytic roofline".into(),
-        };
-        lines.push(if live {
-            "- host: live (candle tensors on ractor actors; measured wall-clock times)".into()
-        } else {
-            format!("- host: simulated, step times from the {cost}")
-        });
-        let mut p = Vec::new();
-        if let Some(a) = get(v, "pipeline.max_active_sessions") {
-            p.push(format!("{a} sessions at once"));
-        }
-        if let Some(c) = get(v, "pipeline.max_sessions") {
-            p.push(format!("session caches of {c}"));
-        }
-        if get(v, "pipeline.shared_device").is_some_and(|d| d == "true") {
-            p.push("shards share one device".into());
-        }
-        if !p.is_empty() {
-            lines.push(format!("- route: {}", p.join(", ")));
+    lines.extend(pipeline_lines(v));
+    lines.extend(serving_line(v));
+    lines.extend(workload_line(v));
+    if let Some(p) = get(v, "policies") {
+        lines.push(format!("- policies: {p}"));
+    }
+    lines
+}
+
+/// The `- hardware:` line (nodes, GPUs, network), when the scenario names nodes or a GPU.
+fn hardware_line(v: &toml::Value) -> Option<String> {
+    let nodes = get(v, "hardware.nodes");
+    let per_node = get(v, "hardware.gpus_per_node");
+    let gpu = get(v, "hardware.gpu.name");
+    if nodes.is_none() && gpu.is_none() {
+        return None;
+    }
+    let mut s = String::from("- hardware:");
+    let mut total = String::new();
+    if let (Some(n), Some(g)) = (&nodes, &per_node) {
+        let _ = write!(s, " {n} nodes x {g}");
+        if let (Ok(a), Ok(b)) = (n.parse::<u64>(), g.parse::<u64>()) {
+            total = format!(" ({} GPUs)", a * b);
         }
     }
+    if let Some(gpu) = gpu {
+        let _ = write!(s, " {gpu}");
+    }
+    s.push_str(&total);
+    if let Some(bw) = get(v, "hardware.network.nic_bandwidth_gbit_per_s") {
+        let nics = get(v, "hardware.network.nics_per_node").unwrap_or_else(|| "?".into());
+        let _ = write!(s, "; network {nics} x {bw} Gbit/s NICs per node");
+    }
+    Some(s)
+}
+
+/// The lines of a pipeline scenario (route, host, route limits); none for other scenarios.
+fn pipeline_lines(v: &toml::Value) -> Vec<String> {
+    let mut lines = Vec::new();
+    let Some(m) = get(v, "pipeline.model") else {
+        return lines;
+    };
+    let split = get(v, "pipeline.shards")
+        .map(|n| format!("{n} shards"))
+        .or_else(|| get(v, "pipeline.layers").map(|l| format!("shards of layers {l}")))
+        .unwrap_or_default();
+    lines.push(format!("- pipeline route: {m}, {split}"));
+    let live = get(v, "mode").is_some_and(|m| m == "live");
+    let cost = match get(v, "pipeline.cost").as_deref() {
+        Some("profile") => format!(
+            "profile {}",
+            get(v, "pipeline.profile").unwrap_or_else(|| "?".into())
+        ),
+        _ => "analytic roofline".into(),
+    };
+    lines.push(if live {
+        "- host: live (candle tensors on ractor actors; measured wall-clock times)".into()
+    } else {
+        format!("- host: simulated, step times from the {cost}")
+    });
+    let mut p = Vec::new();
+    if let Some(a) = get(v, "pipeline.max_active_sessions") {
+        p.push(format!("{a} sessions at once"));
+    }
+    if let Some(c) = get(v, "pipeline.max_sessions") {
+        p.push(format!("session caches of {c}"));
+    }
+    if get(v, "pipeline.shared_device").is_some_and(|d| d == "true") {
+        p.push("shards share one device".into());
+    }
+    if !p.is_empty() {
+        lines.push(format!("- route: {}", p.join(", ")));
+    }
+    lines
+}
+
+/// The `- serving:` line (tensor parallelism, routing), when the scenario sets either.
+fn serving_line(v: &toml::Value) -> Option<String> {
     let mut serving = Vec::new();
     if let Some(tp) = get(v, "serving.tensor_parallel") {
         serving.push(format!("tensor parallel {tp}"));
@@ -103,9 +127,11 @@ fn scenario_lines(v: &toml::Value) -> Vec<String> {
     if let Some(r) = get(v, "serving.router") {
         serving.push(format!("{r} routing"));
     }
-    if !serving.is_empty() {
-        lines.push(format!("- serving: {}", serving.join(", ")));
-    }
+    (!serving.is_empty()).then(|| format!("- serving: {}", serving.join(", ")))
+}
+
+/// The `- workload:` line (dataset, requests, rate, lengths), when the scenario sets any.
+fn workload_line(v: &toml::Value) -> Option<String> {
     let mut w = Vec::new();
     if let Some(d) = get(v, "workload.dataset") {
         w.push(format!("{d}-style"));
@@ -131,13 +157,7 @@ fn scenario_lines(v: &toml::Value) -> Vec<String> {
     if let Some(o) = get(v, "workload.output_tokens.median") {
         w.push(format!("median output {o} tokens"));
     }
-    if !w.is_empty() {
-        lines.push(format!("- workload: {}", w.join(", ")));
-    }
-    if let Some(p) = get(v, "policies") {
-        lines.push(format!("- policies: {p}"));
-    }
-    lines
+    (!w.is_empty()).then(|| format!("- workload: {}", w.join(", ")))
 }
 
 /// "X has the lowest <metric>: a ms, 1.25x faster than Y (b ms)", among rows that completed
@@ -230,6 +250,18 @@ pub fn report_markdown(r: &Results) -> String {
         .and_then(|v| get(v, "name"))
         .unwrap_or_else(|| "meshsim results".into());
     let mut s = format!("# {name}\n\n");
+    push_scenario(&mut s, r);
+    push_summary_table(&mut s, r);
+    push_winners(&mut s, r);
+    if let Some(series) = &r.tps_output {
+        push_tps_sentences(&mut s, series);
+    }
+    push_plots(&mut s, r);
+    s
+}
+
+/// Appends the scenario's bullet lines, or a sentence saying `scenario.toml` is unusable.
+fn push_scenario(s: &mut String, r: &Results) {
     match &r.scenario {
         Some(v) => {
             s.push_str("Scenario (from `scenario.toml`):\n\n");
@@ -240,6 +272,10 @@ pub fn report_markdown(r: &Results) -> String {
         }
         None => s.push_str("`scenario.toml` is missing or not valid TOML.\n"),
     }
+}
+
+/// Appends the `## Summary` heading and the table of the summary, a row per policy and point.
+fn push_summary_table(s: &mut String, r: &Results) {
     s.push_str("\n## Summary\n\n");
     s.push_str(
         "| policy | completed | TTFT p50 (ms) | TTFT p99 (ms) | TPOT p50 (ms) | E2E p50 (ms) \
@@ -263,7 +299,11 @@ pub fn report_markdown(r: &Results) -> String {
         );
     }
     s.push('\n');
-    // Compare policies within each sweep point (a single group without sweeps).
+}
+
+/// Appends, per sweep point (a single group without sweeps), which policy has the lowest TTFT
+/// p50 and p99.
+fn push_winners(s: &mut String, r: &Results) {
     let mut points: Vec<Option<&str>> = Vec::new();
     for row in &r.summary {
         if !points.contains(&row.point.as_deref()) {
@@ -290,36 +330,43 @@ pub fn report_markdown(r: &Results) -> String {
             s.push('\n');
         }
     }
-    if let Some(series) = &r.tps_output {
-        let mut rests: Vec<Option<&str>> = Vec::new();
-        for t in series {
-            if !rests.contains(&t.rest.as_deref()) {
-                rests.push(t.rest.as_deref());
-            }
-        }
-        let sentences: Vec<String> = rests
-            .into_iter()
-            .filter_map(|rest| {
-                let group: Vec<&TpsSeries> = series
-                    .iter()
-                    .filter(|t| t.rest.as_deref() == rest)
-                    .collect();
-                let sentence = tps_sentence(&group)?;
-                Some(match rest {
-                    Some(rest) => format!("{rest}: {sentence}"),
-                    None => sentence,
-                })
-            })
-            .collect();
-        if !sentences.is_empty() {
-            s.push('\n');
-            s.push_str(&sentences.join(" "));
-            s.push_str(
-                " (Per-request output tokens per second: output tokens / (end - arrival), \
-                 median over completed requests.)\n",
-            );
+}
+
+/// Appends the [`tps_sentence`] of each group of pipeline series (by their other swept
+/// values), when any group has one.
+fn push_tps_sentences(s: &mut String, series: &[TpsSeries]) {
+    let mut rests: Vec<Option<&str>> = Vec::new();
+    for t in series {
+        if !rests.contains(&t.rest.as_deref()) {
+            rests.push(t.rest.as_deref());
         }
     }
+    let sentences: Vec<String> = rests
+        .into_iter()
+        .filter_map(|rest| {
+            let group: Vec<&TpsSeries> = series
+                .iter()
+                .filter(|t| t.rest.as_deref() == rest)
+                .collect();
+            let sentence = tps_sentence(&group)?;
+            Some(match rest {
+                Some(rest) => format!("{rest}: {sentence}"),
+                None => sentence,
+            })
+        })
+        .collect();
+    if !sentences.is_empty() {
+        s.push('\n');
+        s.push_str(&sentences.join(" "));
+        s.push_str(
+            " (Per-request output tokens per second: output tokens / (end - arrival), \
+             median over completed requests.)\n",
+        );
+    }
+}
+
+/// Appends the `## Plots` section: each figure's caption and a link to its PNG.
+fn push_plots(s: &mut String, r: &Results) {
     s.push_str("\n## Plots\n\nEach plot is also written as SVG next to the PNG.\n");
     for f in r.figures() {
         let _ = write!(
@@ -330,7 +377,6 @@ pub fn report_markdown(r: &Results) -> String {
             f.stem()
         );
     }
-    s
 }
 
 #[cfg(test)]

@@ -272,8 +272,6 @@ impl Instance {
         };
         self.phase = Phase::Compute;
         self.stats.busy += ctx.now() - started;
-        let keep = self.policy.keep_gpu_blocks();
-        let block_size = self.cfg.block_size;
         let mut finished = false;
         // The steady sequences (see [`running`]) each computed one token and sampled the
         // next; none of them finished or filled a prompt block: the tick below applies that.
@@ -282,7 +280,8 @@ impl Instance {
         let mut visit = std::mem::take(&mut self.visit);
         self.running.due_now(&mut visit);
         for &i in &visit {
-            let seq = &mut self.running[i as usize];
+            let i = i as usize;
+            let seq = &mut self.running[i];
             if seq.scheduled == 0 {
                 continue;
             }
@@ -292,115 +291,9 @@ impl Instance {
             if seq.load.is_some() {
                 seq.load = None;
             }
-            // Blocks the prompt filled beyond those registration is done with (a block filled
-            // when its last token is computed: no division, and no read of the hashes, unless
-            // one did); those past the hashes are never registered, and done with too.
-            let prompt_done = seq.computed.min(seq.prompt_len);
-            if keep
-                && u64::from(seq.registered + 1) * u64::from(block_size) <= u64::from(prompt_done)
-            {
-                let filled = prompt_done / block_size;
-                let full = filled.min(seq.cold.hashes.len() as u32);
-                if seq.registered < full {
-                    self.pool.register_all(
-                        &mut seq.blocks,
-                        &seq.cold.hashes,
-                        full as usize,
-                        seq.registered as usize,
-                    );
-                }
-                seq.registered = filled;
-            }
-            if !seq.stored
-                && seq.computed >= seq.prompt_len
-                && let Some(st) = &self.store
-            {
-                seq.stored = true;
-                let new = seq.cold.chain.len() as u64
-                    - (seq.cold.stored_chunks as u64).min(seq.cold.chain.len() as u64);
-                if new > 0 {
-                    let data = if self.real {
-                        let first = seq.cold.stored_chunks as usize;
-                        let tensors: Vec<(u64, u32)> = (first..seq.cold.chain.len())
-                            .map(|k| (seq.cold.chain[k], k as u32 * st.tensor_tokens))
-                            .collect();
-                        match self
-                            .backend
-                            .export(seq.blocks.ids(), &tensors, st.tensor_tokens)
-                        {
-                            Ok(d) => Some(Box::new(d)),
-                            Err(e) => {
-                                self.violations.push(format!(
-                                    "instance {}: request {}: store write: {e}",
-                                    self.index, seq.req.0
-                                ));
-                                None
-                            }
-                        }
-                    } else {
-                        None
-                    };
-                    ctx.send(
-                        st.servers[st.node as usize],
-                        Msg::StoreWrite {
-                            chain: Box::new(seq.cold.chain.clone()),
-                            replica: false,
-                            data,
-                        },
-                        new * st.tensor_bytes,
-                    );
-                }
-            }
-            if seq.computed < seq.known_tokens() {
-                continue;
-            }
-            // Only a real backend samples tokens.
-            if self.real
-                && let Some(got) = seq.cold.pending.take()
-            {
-                seq.cold.out.push(got.token);
-                if got.logits.is_some() {
-                    seq.cold.first_logits = got.logits;
-                }
-            }
-            seq.generated += 1;
-            if seq.generated == 1 {
-                ctx.send(self.router, Msg::FirstToken(seq.req, self.index), 4);
-            }
-            if seq.generated < seq.output_len {
-                continue;
-            }
-            seq.done = true;
-            finished = true;
-            self.pool.release(&mut seq.blocks);
-            if self.real {
-                if seq.cold.out.len() != seq.output_len as usize {
-                    self.violations.push(format!(
-                        "instance {}: request {} generated {} of {} tokens",
-                        self.index,
-                        seq.req.0,
-                        seq.cold.out.len(),
-                        seq.output_len
-                    ));
-                }
-                self.outputs
-                    .push((seq.req.0, std::mem::take(&mut seq.cold.out)));
-                if let Some(l) = seq.cold.first_logits.take() {
-                    self.first_logits.push((seq.req.0, l));
-                }
-            }
-            ctx.send(
-                self.router,
-                Msg::Finished(Box::new(Completion {
-                    req: seq.req,
-                    instance: self.index,
-                    admitted_at: seq.cold.admitted_at.unwrap_or(started),
-                    reused: seq.cold.reused,
-                    loaded_bytes: seq.cold.loaded_bytes,
-                    preemptions: seq.cold.preemptions,
-                })),
-                4 * (seq.output_len as u64 - 1),
-            );
+            self.register_filled(i);
+            self.write_to_store(i, ctx);
+            finished |= self.sample(i, started, ctx);
         }
         self.running.advance();
         if self.lockstep {
@@ -419,6 +312,136 @@ impl Instance {
         }
         self.visit = visit;
         self.step(ctx);
+    }
+
+    /// Registers the blocks running sequence `i`'s prompt filled beyond those registration is
+    /// done with (a block filled when its last token is computed: no division, and no read of
+    /// the hashes, unless one did); those past the hashes are never registered, and done with
+    /// too.
+    fn register_filled(&mut self, i: usize) {
+        let block_size = self.cfg.block_size;
+        let seq = &mut self.running[i];
+        let prompt_done = seq.computed.min(seq.prompt_len);
+        if self.policy.keep_gpu_blocks()
+            && u64::from(seq.registered + 1) * u64::from(block_size) <= u64::from(prompt_done)
+        {
+            let filled = prompt_done / block_size;
+            let full = filled.min(seq.cold.hashes.len() as u32);
+            if seq.registered < full {
+                self.pool.register_all(
+                    &mut seq.blocks,
+                    &seq.cold.hashes,
+                    full as usize,
+                    seq.registered as usize,
+                );
+            }
+            seq.registered = filled;
+        }
+    }
+
+    /// Sends running sequence `i`'s prompt tensors to its node's store server once the whole
+    /// prompt is computed (store policies only; with a real backend, with their K/V).
+    fn write_to_store(&mut self, i: usize, ctx: &mut dyn Context<Msg>) {
+        let seq = &mut self.running[i];
+        let Some(st) = &self.store else {
+            return;
+        };
+        if seq.stored || seq.computed < seq.prompt_len {
+            return;
+        }
+        seq.stored = true;
+        let new = seq.cold.chain.len() as u64
+            - (seq.cold.stored_chunks as u64).min(seq.cold.chain.len() as u64);
+        if new == 0 {
+            return;
+        }
+        let data = if self.real {
+            let first = seq.cold.stored_chunks as usize;
+            let tensors: Vec<(u64, u32)> = (first..seq.cold.chain.len())
+                .map(|k| (seq.cold.chain[k], k as u32 * st.tensor_tokens))
+                .collect();
+            match self
+                .backend
+                .export(seq.blocks.ids(), &tensors, st.tensor_tokens)
+            {
+                Ok(d) => Some(Box::new(d)),
+                Err(e) => {
+                    self.violations.push(format!(
+                        "instance {}: request {}: store write: {e}",
+                        self.index, seq.req.0
+                    ));
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        ctx.send(
+            st.servers[st.node as usize],
+            Msg::StoreWrite {
+                chain: Box::new(seq.cold.chain.clone()),
+                replica: false,
+                data,
+            },
+            new * st.tensor_bytes,
+        );
+    }
+
+    /// Running sequence `i` samples a token if the iteration computed its last known one,
+    /// and finishes after its last: its blocks go back to the pool and the router hears of
+    /// it. Whether it finished.
+    fn sample(&mut self, i: usize, started: Nanos, ctx: &mut dyn Context<Msg>) -> bool {
+        let seq = &mut self.running[i];
+        if seq.computed < seq.known_tokens() {
+            return false;
+        }
+        // Only a real backend samples tokens.
+        if self.real
+            && let Some(got) = seq.cold.pending.take()
+        {
+            seq.cold.out.push(got.token);
+            if got.logits.is_some() {
+                seq.cold.first_logits = got.logits;
+            }
+        }
+        seq.generated += 1;
+        if seq.generated == 1 {
+            ctx.send(self.router, Msg::FirstToken(seq.req, self.index), 4);
+        }
+        if seq.generated < seq.output_len {
+            return false;
+        }
+        seq.done = true;
+        self.pool.release(&mut seq.blocks);
+        if self.real {
+            if seq.cold.out.len() != seq.output_len as usize {
+                self.violations.push(format!(
+                    "instance {}: request {} generated {} of {} tokens",
+                    self.index,
+                    seq.req.0,
+                    seq.cold.out.len(),
+                    seq.output_len
+                ));
+            }
+            self.outputs
+                .push((seq.req.0, std::mem::take(&mut seq.cold.out)));
+            if let Some(l) = seq.cold.first_logits.take() {
+                self.first_logits.push((seq.req.0, l));
+            }
+        }
+        ctx.send(
+            self.router,
+            Msg::Finished(Box::new(Completion {
+                req: seq.req,
+                instance: self.index,
+                admitted_at: seq.cold.admitted_at.unwrap_or(started),
+                reused: seq.cold.reused,
+                loaded_bytes: seq.cold.loaded_bytes,
+                preemptions: seq.cold.preemptions,
+            })),
+            4 * (seq.output_len as u64 - 1),
+        );
+        true
     }
 
     /// If `seq` (active, just applied) only decodes from now on until a tick, that tick

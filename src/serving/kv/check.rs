@@ -2,6 +2,9 @@
 
 use super::*;
 
+/// Marks a block as seen, naming what holds it; an error if it was seen before.
+type Mark<'a> = dyn FnMut(BlockId, &str) -> Result<(), String> + 'a;
+
 impl BlockPool {
     /// Checks the pool's invariants (for tests and debug runs): the free queue (the untouched
     /// blocks, then the runs, or the stack) holds exactly the free blocks; every segment's
@@ -21,7 +24,15 @@ impl BlockPool {
                 _ => Err(format!("block {b} ({what}) is untouched or in two places")),
             }
         };
-        // The queue: where each run stands in it.
+        let place = self.check_queue(&mut mark)?;
+        self.check_segments(&place, &mut mark)?;
+        Ok(())
+    }
+
+    /// The free queue: linked both ways without a cycle, its runs non-empty and naming free
+    /// positions of live segments (or free blocks of their own), their blocks and the
+    /// untouched ones as many as the free counter says. Returns where each run stands in it.
+    fn check_queue(&self, mark: &mut Mark<'_>) -> Result<Vec<u32>, String> {
         let mut place = vec![NONE; self.runs.len()];
         let (mut free, mut k, mut prev, mut r) = (0u64, 0, NONE, self.head);
         while r != NONE {
@@ -69,6 +80,13 @@ impl BlockPool {
         if k as usize + self.unused_runs.len() != self.runs.len() {
             return Err("a run is neither queued nor unused".into());
         }
+        Ok(place)
+    }
+
+    /// Every live segment: consistent holders and arrays, runs that cover its free positions
+    /// in queue order (`place`), its blocks in no other place, its hashes held by no other
+    /// segment, found by the index and counted where it starts.
+    fn check_segments(&self, place: &[u32], mark: &mut Mark<'_>) -> Result<(), String> {
         let mut held = std::collections::HashMap::new();
         for (s, seg) in self.live_segs() {
             if (self.keep_ids && seg.ids.len() != seg.len as usize)

@@ -228,18 +228,12 @@ fn kv_bytes_per_instance(hw: &HardwareSpec, model: &ModelConfig, tp: u32, reserv
         - tp as i128 * reserve as i128
 }
 
+/// Validates a deserialized scenario table by table: policies, `[hardware]`, `[model]`,
+/// `[serving]`, `[workload]`, `[store]`, `[limits]`, `[[fault]]` and `[live]`.
 fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenario, ScenarioError> {
     let c = Check { file };
     let name = c.name(r.name, default_name)?;
-    if r.policies.is_empty() {
-        return Err(c.err("policies", "expected at least one policy"));
-    }
-    let mut policies = r.policies.clone();
-    policies.sort();
-    policies.dedup();
-    if policies.len() != r.policies.len() {
-        return Err(c.err("policies", "a policy is listed twice"));
-    }
+    check_policies(&c, &r.policies)?;
 
     let hardware = hardware(&c, &r.hardware)?;
 
@@ -251,7 +245,64 @@ fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenar
     }
 
     let workload = workload(&c, file, &r.workload)?;
-    if let WorkloadSpec::Generated(w) = &workload
+    check_prompts_fit(&c, &workload, &model)?;
+    if model.vocab < 4 {
+        return Err(c.err("model.preset", "vocabulary too small to generate prompts"));
+    }
+
+    let store = validate_store(&c, &r.store, &hardware, &model, serving.instance.block_size)?;
+
+    let limits = limits(&c, &r.limits)?;
+    check_arrival_span(&c, &workload, &limits)?;
+    let nodes = (hardware.nodes, hardware.gpus_per_node);
+    let faults = crate::scenario::fault::faults(&c, &r.fault, Some(nodes))?;
+    crate::scenario::fault::refuse(&c, &faults, "serving", &["shard-restart"])?;
+
+    Ok(Scenario {
+        name,
+        text: text.to_string(),
+        seed: r.seed,
+        policies: r.policies,
+        hardware,
+        model,
+        serving,
+        workload,
+        store,
+        limits,
+        points: Vec::new(),
+        faults,
+        live: r.mode == RawMode::Live,
+        nodes: crate::scenario::live_nodes(&c, &r.live.nodes)?,
+        cookie_file: r
+            .live
+            .cookie_file
+            .as_ref()
+            .map(|f| Path::new(file).parent().unwrap_or(Path::new("")).join(f)),
+        max_wall: max_wall(&c, r.limits.max_wall_s)?,
+    })
+}
+
+/// Refuses an empty list of policies and a policy listed twice.
+fn check_policies(c: &Check, listed: &[PolicyKind]) -> Result<(), ScenarioError> {
+    if listed.is_empty() {
+        return Err(c.err("policies", "expected at least one policy"));
+    }
+    let mut policies = listed.to_vec();
+    policies.sort();
+    policies.dedup();
+    if policies.len() != listed.len() {
+        return Err(c.err("policies", "a policy is listed twice"));
+    }
+    Ok(())
+}
+
+/// Refuses a generated workload whose longest prompt does not fit in the model's context.
+fn check_prompts_fit(
+    c: &Check,
+    workload: &WorkloadSpec,
+    model: &ModelConfig,
+) -> Result<(), ScenarioError> {
+    if let WorkloadSpec::Generated(w) = workload
         && u64::from(w.max_prompt_tokens()) > model.max_context
     {
         let turns = w.reuse.as_ref().map_or(1, |r| r.turns);
@@ -277,15 +328,17 @@ fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenar
             ),
         ));
     }
-    if model.vocab < 4 {
-        return Err(c.err("model.preset", "vocabulary too small to generate prompts"));
-    }
+    Ok(())
+}
 
-    let store = validate_store(&c, &r.store, &hardware, &model, serving.instance.block_size)?;
-
-    let limits = limits(&c, &r.limits)?;
-    if let WorkloadSpec::Generated(w) = &workload {
-        // The arrivals' expected span; a trace that cannot fit is refused before it is built.
+/// Refuses a generated workload whose arrivals' expected span is beyond the simulated time
+/// limit: a trace that cannot fit is refused before it is built.
+fn check_arrival_span(
+    c: &Check,
+    workload: &WorkloadSpec,
+    limits: &Limits,
+) -> Result<(), ScenarioError> {
+    if let WorkloadSpec::Generated(w) = workload {
         let turns = w
             .reuse
             .as_ref()
@@ -305,44 +358,22 @@ fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenar
             ));
         }
     }
-    let nodes = (hardware.nodes, hardware.gpus_per_node);
-    let faults = crate::scenario::fault::faults(&c, &r.fault, Some(nodes))?;
-    crate::scenario::fault::refuse(&c, &faults, "serving", &["shard-restart"])?;
+    Ok(())
+}
 
-    Ok(Scenario {
-        name,
-        text: text.to_string(),
-        seed: r.seed,
-        policies: r.policies,
-        hardware,
-        model,
-        serving,
-        workload,
-        store,
-        limits,
-        points: Vec::new(),
-        faults,
-        live: r.mode == RawMode::Live,
-        nodes: crate::scenario::live_nodes(&c, &r.live.nodes)?,
-        cookie_file: r
-            .live
-            .cookie_file
-            .as_ref()
-            .map(|f| Path::new(file).parent().unwrap_or(Path::new("")).join(f)),
-        max_wall: std::time::Duration::from_secs_f64({
-            let w = c.positive("limits.max_wall_s", r.limits.max_wall_s)?;
-            if w > MAX_WALL_S {
-                return Err(c.err(
-                    "limits.max_wall_s",
-                    format!(
-                        "{w} s is more than a week ({} s): a unit mistake?",
-                        MAX_WALL_S
-                    ),
-                ));
-            }
-            w
-        }),
-    })
+/// `limits.max_wall_s`: positive and at most [`MAX_WALL_S`].
+fn max_wall(c: &Check, max_wall_s: f64) -> Result<std::time::Duration, ScenarioError> {
+    let w = c.positive("limits.max_wall_s", max_wall_s)?;
+    if w > MAX_WALL_S {
+        return Err(c.err(
+            "limits.max_wall_s",
+            format!(
+                "{w} s is more than a week ({} s): a unit mistake?",
+                MAX_WALL_S
+            ),
+        ));
+    }
+    Ok(std::time::Duration::from_secs_f64(w))
 }
 
 /// Expands `[sweep]`: every combination of the listed values (the first key varies slowest),

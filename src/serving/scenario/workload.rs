@@ -72,17 +72,46 @@ fn reuse_table(c: &Check, w: &RawWorkload) -> Result<Option<Reuse>, ScenarioErro
         })?,
         reuse::MAX_CONTEXTS,
     )?;
-    let min_context_tokens = match (
+    let min_context_tokens = min_context_tokens(c, w, r)?;
+    let questions_per_context = match r.questions_per_context {
+        Some(q) => Some(c.count(
+            "workload.reuse.questions_per_context",
+            q,
+            reuse::MAX_QUESTIONS_PER_CONTEXT,
+        )?),
+        None => None,
+    };
+    let popularity = popularity(c, r)?;
+    let reuse_distance = reuse_distance(c, r)?;
+    let turns = c.count(
+        "workload.reuse.turns",
+        r.turns.unwrap_or(1),
+        reuse::MAX_TURNS,
+    )?;
+    let turn_gap_s = turn_gap_s(c, r)?;
+    Ok(Some(Reuse {
+        contexts,
+        min_context_tokens,
+        questions_per_context,
+        popularity,
+        reuse_distance,
+        turns,
+        turn_gap_s,
+    }))
+}
+
+/// `workload.reuse.min_context_tokens`: 0 when absent; only with windowed contexts, and at
+/// most [`reuse::MAX_MIN_CONTEXT_FRACTION`] of the window.
+fn min_context_tokens(c: &Check, w: &RawWorkload, r: &RawReuse) -> Result<u32, ScenarioError> {
+    match (
         r.min_context_tokens,
         w.context.unwrap_or_else(default_context),
     ) {
-        (None, _) => 0,
-        (Some(_), RawContext::Unit) => {
-            return Err(c.err(
-                "workload.reuse.min_context_tokens",
-                "only used with context = \"window\"",
-            ));
-        }
+        (None, _) => Ok(0),
+        (Some(_), RawContext::Unit) => Err(c.err(
+            "workload.reuse.min_context_tokens",
+            "only used with context = \"window\"",
+        )),
         (Some(m), RawContext::Window) => {
             let window = w.context_tokens.unwrap_or_else(default_context_tokens);
             let most = (window as f64 * reuse::MAX_MIN_CONTEXT_FRACTION) as u32;
@@ -94,31 +123,24 @@ fn reuse_table(c: &Check, w: &RawWorkload) -> Result<Option<Reuse>, ScenarioErro
                     ),
                 ));
             }
-            m
+            Ok(m)
         }
-    };
-    let questions_per_context = match r.questions_per_context {
-        Some(q) => Some(c.count(
-            "workload.reuse.questions_per_context",
-            q,
-            reuse::MAX_QUESTIONS_PER_CONTEXT,
-        )?),
-        None => None,
-    };
-    let popularity = match (r.popularity.unwrap_or(RawPopularity::Uniform), r.zipf_alpha) {
-        (RawPopularity::Uniform, None) => Popularity::Uniform,
-        (RawPopularity::Uniform, Some(_)) => {
-            return Err(c.err(
-                "workload.reuse.zipf_alpha",
-                "only used with popularity = \"zipf\"",
-            ));
-        }
-        (RawPopularity::Zipf, None) => {
-            return Err(c.err(
-                "workload.reuse",
-                "missing field `zipf_alpha` (popularity = \"zipf\" needs its exponent)",
-            ));
-        }
+    }
+}
+
+/// `workload.reuse.popularity` (uniform when absent) with its `zipf_alpha`, which only Zipf
+/// popularity takes and needs, at most [`MAX_ZIPF_ALPHA`].
+fn popularity(c: &Check, r: &RawReuse) -> Result<Popularity, ScenarioError> {
+    match (r.popularity.unwrap_or(RawPopularity::Uniform), r.zipf_alpha) {
+        (RawPopularity::Uniform, None) => Ok(Popularity::Uniform),
+        (RawPopularity::Uniform, Some(_)) => Err(c.err(
+            "workload.reuse.zipf_alpha",
+            "only used with popularity = \"zipf\"",
+        )),
+        (RawPopularity::Zipf, None) => Err(c.err(
+            "workload.reuse",
+            "missing field `zipf_alpha` (popularity = \"zipf\" needs its exponent)",
+        )),
         (RawPopularity::Zipf, Some(alpha)) => {
             let alpha = non_negative(c, "workload.reuse.zipf_alpha", alpha)?;
             if alpha > MAX_ZIPF_ALPHA {
@@ -127,52 +149,44 @@ fn reuse_table(c: &Check, w: &RawWorkload) -> Result<Option<Reuse>, ScenarioErro
                     format!("expected at most {MAX_ZIPF_ALPHA}, found {alpha}"),
                 ));
             }
-            Popularity::Zipf { alpha }
+            Ok(Popularity::Zipf { alpha })
         }
+    }
+}
+
+/// `workload.reuse.reuse_distance`, when set: not negative and at most
+/// [`reuse::MAX_REUSE_DISTANCE`].
+fn reuse_distance(c: &Check, r: &RawReuse) -> Result<Option<f64>, ScenarioError> {
+    let Some(d) = r.reuse_distance else {
+        return Ok(None);
     };
-    let reuse_distance = match r.reuse_distance {
-        Some(d) => {
-            let d = non_negative(c, "workload.reuse.reuse_distance", d)?;
-            if d > reuse::MAX_REUSE_DISTANCE {
-                return Err(c.err(
-                    "workload.reuse.reuse_distance",
-                    format!(
-                        "expected at most {:e}, found {d}",
-                        reuse::MAX_REUSE_DISTANCE
-                    ),
-                ));
-            }
-            Some(d)
-        }
-        None => None,
+    let d = non_negative(c, "workload.reuse.reuse_distance", d)?;
+    if d > reuse::MAX_REUSE_DISTANCE {
+        return Err(c.err(
+            "workload.reuse.reuse_distance",
+            format!(
+                "expected at most {:e}, found {d}",
+                reuse::MAX_REUSE_DISTANCE
+            ),
+        ));
+    }
+    Ok(Some(d))
+}
+
+/// `workload.reuse.turn_gap_s` ([`reuse::DEFAULT_TURN_GAP_S`] when absent): not negative and
+/// at most [`reuse::MAX_TURN_GAP_S`].
+fn turn_gap_s(c: &Check, r: &RawReuse) -> Result<f64, ScenarioError> {
+    let Some(g) = r.turn_gap_s else {
+        return Ok(reuse::DEFAULT_TURN_GAP_S);
     };
-    let turns = c.count(
-        "workload.reuse.turns",
-        r.turns.unwrap_or(1),
-        reuse::MAX_TURNS,
-    )?;
-    let turn_gap_s = match r.turn_gap_s {
-        Some(g) => {
-            let g = non_negative(c, "workload.reuse.turn_gap_s", g)?;
-            if g > reuse::MAX_TURN_GAP_S {
-                return Err(c.err(
-                    "workload.reuse.turn_gap_s",
-                    format!("expected at most {} s, found {g}", reuse::MAX_TURN_GAP_S),
-                ));
-            }
-            g
-        }
-        None => reuse::DEFAULT_TURN_GAP_S,
-    };
-    Ok(Some(Reuse {
-        contexts,
-        min_context_tokens,
-        questions_per_context,
-        popularity,
-        reuse_distance,
-        turns,
-        turn_gap_s,
-    }))
+    let g = non_negative(c, "workload.reuse.turn_gap_s", g)?;
+    if g > reuse::MAX_TURN_GAP_S {
+        return Err(c.err(
+            "workload.reuse.turn_gap_s",
+            format!("expected at most {} s, found {g}", reuse::MAX_TURN_GAP_S),
+        ));
+    }
+    Ok(g)
 }
 
 fn output_dist(c: &Check, o: &RawOutput) -> Result<OutputDist, ScenarioError> {

@@ -8,51 +8,9 @@ impl Directory {
     /// stored tensors after the first `skip` (those the reader already has). Counts as an
     /// access to every tensor it plans to load.
     pub fn lookup(&mut self, chain: &[TensorId], skip: usize, reader: u32) -> LoadPlan {
-        // One probe of the tensor map per tensor: the skipped ones are only counted, and what
-        // serves each of the others (the reader's replica, or the owner's copy) is noted for
-        // the plan and the accesses below.
-        let mut k = chain[..skip.min(chain.len())]
-            .iter()
-            .take_while(|id| self.tensors.contains_key(id))
-            .count();
         let mut served = std::mem::take(&mut self.scratch);
         served.clear();
-        let until = self.now_ns.saturating_add(self.lease_ns);
-        if k == skip {
-            let replicas = &self.servers[reader as usize].replicas;
-            for id in &chain[skip..] {
-                let Some(t) = self.tensors.get_mut(id) else {
-                    break;
-                };
-                if self.lease_ns > 0 {
-                    t.lease_until = until;
-                }
-                // A tensor with no replica anywhere has none on the reader (the replica map
-                // and the tensors' replica lists agree, see the check): no probe of the map.
-                let replica = if t.replicas.is_empty() {
-                    None
-                } else {
-                    replicas.get(id)
-                };
-                served.push(match replica {
-                    Some(r) => Served {
-                        node: reader,
-                        loc: Location::Host,
-                        region: r.region,
-                        replica: true,
-                        reads: t.reads,
-                    },
-                    None => Served {
-                        node: t.owner,
-                        loc: t.loc,
-                        region: t.region,
-                        replica: false,
-                        reads: t.reads,
-                    },
-                });
-            }
-            k += served.len();
-        }
+        let k = self.serve(chain, skip, reader, &mut served);
         let mut plan = LoadPlan {
             stored_chunks: k as u32,
             ..LoadPlan::default()
@@ -61,18 +19,98 @@ impl Directory {
             self.scratch = served;
             return plan;
         }
-        // The planned tensors were leased in the pass above; the skipped ones (the reader
-        // holds them) are on the path too.
+        // The planned tensors were leased by `serve`; the skipped ones (the reader holds them)
+        // are on the path too.
         if self.lease_ns > 0 {
+            let until = self.now_ns.saturating_add(self.lease_ns);
             for id in &chain[..skip] {
                 if let Some(t) = self.tensors.get_mut(id) {
                     t.lease_until = until;
                 }
             }
         }
+        let remote = self.group(&mut plan, chain, skip, reader, &served);
+        // The reader's counts of remote reads, one for each remote tensor planned.
+        let mut replicate_now = false;
+        if let (Some(after), Some(reads)) = (self.params.replicate_after_reads, &mut self.reads) {
+            for row in served.iter().filter(|s| s.node != reader).map(|s| s.reads) {
+                replicate_now |= reads.bump(row, reader) >= after;
+            }
+        }
+        self.touch_served(chain, skip, &served);
+        self.scratch = served;
+        if replicate_now {
+            plan.replicate = remote;
+        }
+        plan
+    }
+
+    /// The length of `chain`'s stored prefix, with one probe of the tensor map per tensor:
+    /// the first `skip` are only counted, and what serves each of the others (the reader's
+    /// replica, or the owner's copy) goes to `served` (each leased).
+    fn serve(
+        &mut self,
+        chain: &[TensorId],
+        skip: usize,
+        reader: u32,
+        served: &mut Vec<Served>,
+    ) -> usize {
+        let k = chain[..skip.min(chain.len())]
+            .iter()
+            .take_while(|id| self.tensors.contains_key(id))
+            .count();
+        if k != skip {
+            return k;
+        }
+        let until = self.now_ns.saturating_add(self.lease_ns);
+        let replicas = &self.servers[reader as usize].replicas;
+        for id in &chain[skip..] {
+            let Some(t) = self.tensors.get_mut(id) else {
+                break;
+            };
+            if self.lease_ns > 0 {
+                t.lease_until = until;
+            }
+            // A tensor with no replica anywhere has none on the reader (the replica map and
+            // the tensors' replica lists agree, see the check): no probe of the map.
+            let replica = if t.replicas.is_empty() {
+                None
+            } else {
+                replicas.get(id)
+            };
+            served.push(match replica {
+                Some(r) => Served {
+                    node: reader,
+                    loc: Location::Host,
+                    region: r.region,
+                    replica: true,
+                    reads: t.reads,
+                },
+                None => Served {
+                    node: t.owner,
+                    loc: t.loc,
+                    region: t.region,
+                    replica: false,
+                    reads: t.reads,
+                },
+            });
+        }
+        k + served.len()
+    }
+
+    /// Groups the `served` tensors of `chain` (from `skip` on) into `plan`'s load groups, one
+    /// a source node and tier, counting the contiguous segments each gathers. Returns the
+    /// remote tensors, which a replicating store may copy to the reader.
+    fn group(
+        &self,
+        plan: &mut LoadPlan,
+        chain: &[TensorId],
+        skip: usize,
+        reader: u32,
+        served: &[Served],
+    ) -> Vec<TensorId> {
         let bytes = self.params.tensor_bytes;
         let mut last: Option<(u32, Location, u64)> = None;
-        let mut replicate_now = false;
         let mut remote = Vec::new();
         for (i, s) in served.iter().enumerate() {
             let (node, loc, region) = (s.node, s.loc, s.region);
@@ -113,16 +151,14 @@ impl Directory {
                 remote.push(chain[skip + i]);
             }
         }
-        // The reader's counts of remote reads, one for each remote tensor planned.
-        if let (Some(after), Some(reads)) = (self.params.replicate_after_reads, &mut self.reads) {
-            for row in served.iter().filter(|s| s.node != reader).map(|s| s.reads) {
-                replicate_now |= reads.bump(row, reader) >= after;
-            }
-        }
-        // One access to the copy that serves each planned tensor (see "Access counts" in the
-        // module doc): the reader's replica if it has one, else the owner's tensor. Touched
-        // from the last tensor to the first, so that under LRU a prefix's early tensors are
-        // the most recent.
+        remote
+    }
+
+    /// One access to the copy that serves each planned tensor (see "Access counts" in the
+    /// module doc): the reader's replica if it has one, else the owner's tensor. Touched from
+    /// the last tensor to the first, so that under LRU a prefix's early tensors are the most
+    /// recent.
+    fn touch_served(&mut self, chain: &[TensorId], skip: usize, served: &[Served]) {
         for (i, s) in served.iter().enumerate().rev() {
             let id = chain[skip + i];
             self.tick += 1;
@@ -134,10 +170,5 @@ impl Directory {
                 (false, Location::Ssd) => server.ssd_q.touch(id, tick),
             }
         }
-        self.scratch = served;
-        if replicate_now {
-            plan.replicate = remote;
-        }
-        plan
     }
 }
