@@ -44,16 +44,17 @@ impl Runs {
 }
 
 impl Experiment {
-    /// Reads a scenario file of either kind once, and validates it as the kind its text
-    /// says (a top-level `[pipeline]` table makes it a pipeline scenario).
+    /// Reads and parses a scenario file of either kind once, and validates it as the kind
+    /// its text says (a top-level `[pipeline]` table makes it a pipeline scenario).
     pub fn load(path: &Path) -> Result<Experiment, ScenarioError> {
         let (file, text, stem) = crate::scenario::read_file(path, "scenario")?;
-        if crate::pipeline::scenario::is_pipeline(&text) {
+        let doc = crate::scenario::Document::parse(&file, &text)?;
+        if doc.has_table("pipeline") {
             let dir = path.parent().unwrap_or(Path::new(""));
-            PipelineScenario::parse(&file, &stem, dir, &text)
+            PipelineScenario::parse_document(&file, &stem, dir, doc)
                 .map(|s| Experiment::Pipeline(Box::new(s)))
         } else {
-            Scenario::parse(&file, &stem, &text).map(|s| Experiment::Serving(Box::new(s)))
+            Scenario::parse_document(&file, &stem, doc).map(|s| Experiment::Serving(Box::new(s)))
         }
     }
 

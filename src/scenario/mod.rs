@@ -208,24 +208,57 @@ pub(crate) fn line_col(text: &str, offset: usize) -> (usize, usize) {
     (line, col)
 }
 
-/// Deserializes scenario `text` into `T`; a TOML or type error names the file, the line and
-/// column, and the dotted key.
-pub(crate) fn deserialize<T: serde::de::DeserializeOwned>(
-    file: &str,
-    text: &str,
-) -> Result<T, ScenarioError> {
-    let toml_err = |key: String, e: &toml::de::Error| ScenarioError {
+/// A scenario file's text, parsed once into TOML: its kind is read from it, then it is
+/// deserialized into that kind's tables.
+pub(crate) struct Document<'a> {
+    text: &'a str,
+    root: toml::Spanned<toml::de::DeTable<'a>>,
+}
+
+impl<'a> Document<'a> {
+    /// Parses `text` (of `file`); a TOML error names the file, the line and the column.
+    pub(crate) fn parse(file: &str, text: &'a str) -> Result<Document<'a>, ScenarioError> {
+        let root = toml::de::DeTable::parse(text)
+            .map_err(|e| toml_error(file, text, String::new(), &e))?;
+        Ok(Document { text, root })
+    }
+
+    /// The text it was parsed from.
+    pub(crate) fn text(&self) -> &'a str {
+        self.text
+    }
+
+    /// Whether the document has a top-level table `key`.
+    pub(crate) fn has_table(&self, key: &str) -> bool {
+        self.root.get_ref().iter().any(|(k, v)| {
+            k.get_ref().as_ref() == key && matches!(v.get_ref(), toml::de::DeValue::Table(_))
+        })
+    }
+
+    /// Deserializes the document into `T`; a type error names the file, the line and column,
+    /// and the dotted key.
+    pub(crate) fn deserialize<T: serde::de::DeserializeOwned>(
+        self,
+        file: &str,
+    ) -> Result<T, ScenarioError> {
+        let text = self.text;
+        let de = toml::Deserializer::from(self.root);
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let key = if path == "." { String::new() } else { path };
+            toml_error(file, text, key, e.inner())
+        })
+    }
+}
+
+/// A TOML or type error in `text` (of `file`) at dotted `key`, with its line and column.
+fn toml_error(file: &str, text: &str, key: String, e: &toml::de::Error) -> ScenarioError {
+    ScenarioError {
         file: file.to_string(),
         key,
         message: e.message().trim_end().to_string(),
         line_col: e.span().map(|s| line_col(text, s.start)),
-    };
-    let de = toml::Deserializer::parse(text).map_err(|e| toml_err(String::new(), &e))?;
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let key = if path == "." { String::new() } else { path };
-        toml_err(key, e.inner())
-    })
+    }
 }
 
 /// `v` if it is finite and not negative.

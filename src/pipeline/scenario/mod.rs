@@ -49,7 +49,7 @@ use crate::model::ModelConfig;
 use crate::model::profile::Profile;
 use crate::pipeline::shard::{CacheLimits, DecodeMode};
 use crate::scenario::sweep::sweep_texts;
-use crate::scenario::{Check, ScenarioError, deserialize};
+use crate::scenario::{Check, Document, ScenarioError};
 use crate::sim::kernel::Limits;
 use crate::units::Nanos;
 
@@ -206,7 +206,18 @@ impl PipelineScenario {
         dir: &Path,
         text: &str,
     ) -> Result<PipelineScenario, ScenarioError> {
-        let raw: Raw = deserialize(file, text)?;
+        PipelineScenario::parse_document(file, default_name, dir, Document::parse(file, text)?)
+    }
+
+    /// [`PipelineScenario::parse`] of a document already parsed as TOML.
+    pub(crate) fn parse_document(
+        file: &str,
+        default_name: &str,
+        dir: &Path,
+        doc: Document<'_>,
+    ) -> Result<PipelineScenario, ScenarioError> {
+        let text = doc.text();
+        let raw: Raw = doc.deserialize(file)?;
         let sweep = raw.sweep.clone();
         let mut s = validate(file, default_name, dir, text, raw)?;
         if s.live {

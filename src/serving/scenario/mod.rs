@@ -18,7 +18,7 @@ use crate::model::batch_profile::BatchFit;
 use crate::model::cost::CostModel;
 use crate::scenario::hardware::hardware;
 use crate::scenario::sweep::sweep_texts;
-use crate::scenario::{Check, MAX_REQUESTS, MAX_TOKENS, MAX_WALL_S, ScenarioError, deserialize};
+use crate::scenario::{Check, Document, MAX_REQUESTS, MAX_TOKENS, MAX_WALL_S, ScenarioError};
 use crate::serving::instance::InstanceConfig;
 use crate::serving::policy::PolicyKind;
 use crate::serving::router::RouterStrategy;
@@ -103,7 +103,17 @@ impl Scenario {
     /// Parses and validates scenario `text`; `file` names it in errors and `default_name`
     /// is used when the file has no `name` key.
     pub fn parse(file: &str, default_name: &str, text: &str) -> Result<Scenario, ScenarioError> {
-        let raw: Raw = deserialize(file, text)?;
+        Scenario::parse_document(file, default_name, Document::parse(file, text)?)
+    }
+
+    /// [`Scenario::parse`] of a document already parsed as TOML.
+    pub(crate) fn parse_document(
+        file: &str,
+        default_name: &str,
+        doc: Document<'_>,
+    ) -> Result<Scenario, ScenarioError> {
+        let text = doc.text();
+        let raw: Raw = doc.deserialize(file)?;
         let sweep = raw.sweep.clone();
         let mut s = validate(file, default_name, text, raw)?;
         if let Some(sweep) = sweep {
