@@ -156,18 +156,9 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn main() {
-    // As `meshsim run` has it: first, before any thread starts.
-    meshsim::cpu::alloc::tune_allocator();
-    // `cargo test --benches` passes `--bench`-less arguments; run a short round then.
-    let quick = !std::env::args().any(|a| a == "--bench");
-    let policy = std::env::var("SIM_POLICY").unwrap_or_else(|_| "local-prefix".into());
-    let rounds = match std::env::var("SIM_ROUNDS") {
-        Ok(n) => n.parse().expect("SIM_ROUNDS is a number"),
-        Err(_) if quick => 1,
-        Err(_) => 3,
-    };
-    assert!(rounds > 0, "SIM_ROUNDS is at least 1");
+/// The two cluster sizes timed: 32 GPUs, and the full cluster (560 nodes, or `SIM_NODES` at
+/// the same load a GPU); short ones for `cargo test --benches`.
+fn sizes(quick: bool) -> [Size; 2] {
     let mut sizes = [
         Size {
             label: "32 GPUs".into(),
@@ -197,6 +188,51 @@ fn main() {
         full.nodes = n;
         full.label = format!("{} GPUs", thousands(4 * u64::from(n)));
     }
+    sizes
+}
+
+/// Prints each run's median rate (with its range, events a request and reuse) and returns
+/// the medians, in run order.
+fn report(runs: &[(&Size, &str, &Scenario, Arc<Trace>)], got: Vec<Rates>) -> Vec<f64> {
+    let mut medians = Vec::new();
+    for ((size, what, _, t), r) in runs.iter().zip(got) {
+        let n = r.rates.len();
+        let (lo, hi) = (
+            r.rates.iter().copied().fold(f64::INFINITY, f64::min),
+            r.rates.iter().copied().fold(0.0, f64::max),
+        );
+        let m = median(r.rates);
+        println!(
+            "  {:>10} ({:>3} nodes, {:>6} requests{}{what}): {:>6.3} M events/s (median of {n}, \
+             {:.3}-{:.3}); {:.2} events a request, {:.1} % of prompt tokens reused",
+            size.label,
+            size.nodes,
+            t.requests.len(),
+            if what.is_empty() { "" } else { ", " },
+            m / 1e6,
+            lo / 1e6,
+            hi / 1e6,
+            r.events_per_request,
+            100.0 * r.reuse,
+        );
+        medians.push(m);
+    }
+    medians
+}
+
+fn main() {
+    // As `meshsim run` has it: first, before any thread starts.
+    meshsim::cpu::alloc::tune_allocator();
+    // `cargo test --benches` passes `--bench`-less arguments; run a short round then.
+    let quick = !std::env::args().any(|a| a == "--bench");
+    let policy = std::env::var("SIM_POLICY").unwrap_or_else(|_| "local-prefix".into());
+    let rounds = match std::env::var("SIM_ROUNDS") {
+        Ok(n) => n.parse().expect("SIM_ROUNDS is a number"),
+        Err(_) if quick => 1,
+        Err(_) => 3,
+    };
+    assert!(rounds > 0, "SIM_ROUNDS is at least 1");
+    let sizes = sizes(quick);
     println!("simulation per event, policy {policy} (medians)");
     let small = scenario(&sizes[0], &policy);
     let full = scenario(&sizes[1], &policy);
@@ -251,29 +287,7 @@ fn main() {
             (into.events_per_request, into.reuse) = (r.events_per_request, r.reuse);
         }
     }
-    let mut medians = Vec::new();
-    for ((size, what, _, t), r) in runs.iter().zip(got) {
-        let n = r.rates.len();
-        let (lo, hi) = (
-            r.rates.iter().copied().fold(f64::INFINITY, f64::min),
-            r.rates.iter().copied().fold(0.0, f64::max),
-        );
-        let m = median(r.rates);
-        println!(
-            "  {:>10} ({:>3} nodes, {:>6} requests{}{what}): {:>6.3} M events/s (median of {n}, \
-             {:.3}-{:.3}); {:.2} events a request, {:.1} % of prompt tokens reused",
-            size.label,
-            size.nodes,
-            t.requests.len(),
-            if what.is_empty() { "" } else { ", " },
-            m / 1e6,
-            lo / 1e6,
-            hi / 1e6,
-            r.events_per_request,
-            100.0 * r.reuse,
-        );
-        medians.push(m);
-    }
+    let medians = report(&runs, got);
     if only.is_some() {
         return;
     }

@@ -194,6 +194,19 @@ fn case(name: &str, scale: &Scale, eviction: Eviction, replicas: bool, seed: u64
     );
     drop(writes);
 
+    let lookup_rate = time_lookups(&mut d, scale, &mut rng, &turns);
+    Outcome {
+        insert_rate,
+        lookup_rate,
+        inserts,
+        len_before,
+        len_after,
+    }
+}
+
+/// Times `scale.ops` lookups of prompts drawn from those stored (`turns` follow-ups of each),
+/// by random readers, replicating where the plan asks; prints and returns lookups/s.
+fn time_lookups(d: &mut Directory, scale: &Scale, rng: &mut Stream, turns: &[u32]) -> f64 {
     let reads: Vec<(Vec<TensorId>, u32)> = (0..scale.ops)
         .map(|_| {
             let j = rng.below(turns.len() as u64) as u32;
@@ -221,13 +234,7 @@ fn case(name: &str, scale: &Scale, eviction: Eviction, replicas: bool, seed: u64
         100.0 * found as f64 / asked as f64,
         counters(&delta(&d.stats, &before), len0, d.len())
     );
-    Outcome {
-        insert_rate,
-        lookup_rate,
-        inserts,
-        len_before,
-        len_after,
-    }
+    lookup_rate
 }
 
 fn main() {
