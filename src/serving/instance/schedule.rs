@@ -272,6 +272,7 @@ impl Instance {
         };
         self.phase = Phase::Compute;
         self.stats.busy += ctx.now() - started;
+        let keep = self.policy.keep_gpu_blocks();
         let mut finished = false;
         // The steady sequences (see [`running`]) each computed one token and sampled the
         // next; none of them finished or filled a prompt block: the tick below applies that.
@@ -291,7 +292,9 @@ impl Instance {
             if seq.load.is_some() {
                 seq.load = None;
             }
-            self.register_filled(i);
+            if keep {
+                self.register_filled(i);
+            }
             self.write_to_store(i, ctx);
             finished |= self.sample(i, started, ctx);
         }
@@ -314,17 +317,15 @@ impl Instance {
         self.step(ctx);
     }
 
-    /// Registers the blocks running sequence `i`'s prompt filled beyond those registration is
-    /// done with (a block filled when its last token is computed: no division, and no read of
-    /// the hashes, unless one did); those past the hashes are never registered, and done with
-    /// too.
+    /// Registers (under a policy that keeps GPU blocks) the blocks running sequence `i`'s
+    /// prompt filled beyond those registration is done with (a block filled when its last
+    /// token is computed: no division, and no read of the hashes, unless one did); those past
+    /// the hashes are never registered, and done with too.
     fn register_filled(&mut self, i: usize) {
         let block_size = self.cfg.block_size;
         let seq = &mut self.running[i];
         let prompt_done = seq.computed.min(seq.prompt_len);
-        if self.policy.keep_gpu_blocks()
-            && u64::from(seq.registered + 1) * u64::from(block_size) <= u64::from(prompt_done)
-        {
+        if u64::from(seq.registered + 1) * u64::from(block_size) <= u64::from(prompt_done) {
             let filled = prompt_done / block_size;
             let full = filled.min(seq.cold.hashes.len() as u32);
             if seq.registered < full {
