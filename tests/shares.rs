@@ -25,6 +25,15 @@ fn scenario(dir: &Path, seed: u64) -> PathBuf {
     p
 }
 
+/// `meshsim run SCENARIO --quiet --points POINTS --out OUT` in `dir`: exit status and stderr.
+fn run_share(dir: &Path, scenario: &Path, points: &str, out: &str) -> (i32, String) {
+    let s = scenario.to_str().unwrap();
+    meshsim(
+        dir,
+        &["run", s, "--quiet", "--points", points, "--out", out],
+    )
+}
+
 fn meshsim(dir: &Path, args: &[&str]) -> (i32, String) {
     let out = Command::new(bin())
         .args(args)
@@ -102,18 +111,7 @@ fn bad_sets_of_shares_are_refused_naming_what_is_wrong() {
     let d = tempfile::tempdir().unwrap();
     let (s5, s6) = (scenario(d.path(), 5), scenario(d.path(), 6));
     let run = |s: &Path, points: &str, out: &str| {
-        let (code, err) = meshsim(
-            d.path(),
-            &[
-                "run",
-                s.to_str().unwrap(),
-                "--quiet",
-                "--points",
-                points,
-                "--out",
-                out,
-            ],
-        );
+        let (code, err) = run_share(d.path(), s, points, out);
         assert_eq!(code, 0, "{err}");
     };
     run(&s5, "1/2", "a1");
@@ -288,18 +286,7 @@ fn two_shares() -> (tempfile::TempDir, PathBuf) {
     let d = tempfile::tempdir().unwrap();
     let s = scenario(d.path(), 5);
     for (points, out) in [("1/2", "a1"), ("2/2", "a2")] {
-        let (code, err) = meshsim(
-            d.path(),
-            &[
-                "run",
-                s.to_str().unwrap(),
-                "--quiet",
-                "--points",
-                points,
-                "--out",
-                out,
-            ],
-        );
+        let (code, err) = run_share(d.path(), &s, points, out);
         assert_eq!(code, 0, "{err}");
     }
     (d, s)
@@ -332,35 +319,13 @@ fn a_manifest_claiming_four_billion_jobs_is_refused_at_once() {
 #[test]
 fn a_killed_share_is_retried_by_running_the_same_command() {
     let (d, s) = two_shares();
-    let (code, err) = meshsim(
-        d.path(),
-        &[
-            "run",
-            s.to_str().unwrap(),
-            "--quiet",
-            "--points",
-            "2/2",
-            "--out",
-            "a2",
-        ],
-    );
+    let (code, err) = run_share(d.path(), &s, "2/2", "a2");
     assert_eq!(code, 0, "the same share into its own folder: {err}");
     let (code, err) = meshsim(d.path(), &["merge", "--out", "merged", "a1", "a2"]);
     assert_eq!(code, 0, "{err}");
     // A share's folder holding a file meshsim does not write is still refused.
     std::fs::write(d.path().join("a2/notes.txt"), "mine").unwrap();
-    let (code, err) = meshsim(
-        d.path(),
-        &[
-            "run",
-            s.to_str().unwrap(),
-            "--quiet",
-            "--points",
-            "2/2",
-            "--out",
-            "a2",
-        ],
-    );
+    let (code, err) = run_share(d.path(), &s, "2/2", "a2");
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("notes.txt"), "{err}");
 }

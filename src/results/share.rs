@@ -318,7 +318,11 @@ fn read_part(dir: &Path) -> Result<Part, MergeError> {
                 at("scenario.toml").display()
             ))
         })?;
-    check_digest(&at("scenario.toml"), &text, &manifest.digest.scenario)?;
+    check_digest(
+        &at("scenario.toml"),
+        &digest(&text),
+        &manifest.digest.scenario,
+    )?;
     let requests = read_csv(&at("requests.csv"))?;
     let summary = read_csv(&at("summary.csv"))?;
     Ok(Part {
@@ -330,13 +334,8 @@ fn read_part(dir: &Path) -> Result<Part, MergeError> {
     })
 }
 
-/// Refuses `bytes` (read from `path`) unless their digest is `recorded`.
-fn check_digest(path: &Path, bytes: &[u8], recorded: &str) -> Result<(), MergeError> {
-    check_digest_of(path, &digest(bytes), recorded)
-}
-
 /// Refuses the file at `path`, whose digest is `got`, unless it is `recorded`.
-fn check_digest_of(path: &Path, got: &str, recorded: &str) -> Result<(), MergeError> {
+fn check_digest(path: &Path, got: &str, recorded: &str) -> Result<(), MergeError> {
     if got == recorded {
         return Ok(());
     }
@@ -454,12 +453,12 @@ fn check_jobs(p: &Part, n: u32, jobs: usize) -> Result<(), MergeError> {
 fn check_rows(p: &Part, expected: Option<&[JobName]>) -> Result<(), MergeError> {
     let d = p.dir.display();
     let digests = &p.manifest.digest;
-    check_digest_of(
+    check_digest(
         &p.dir.join("requests.csv"),
         &p.requests.digest,
         &digests.requests,
     )?;
-    check_digest_of(
+    check_digest(
         &p.dir.join("summary.csv"),
         &p.summary.digest,
         &digests.summary,
