@@ -1,10 +1,11 @@
 //! The module layers of the library: every `crate::` import of a top-level module goes to a
 //! strictly lower layer, so there is no dependency circle and shared code stays at the bottom;
 //! and inside every folder, the modules import each other without a circle. Test modules are
-//! not counted.
+//! not counted. No `.rs` file under `src/`, `tests/` or `benches/` is longer than
+//! [`MAX_FILE_LINES`].
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Top-level modules by layer, bottom first.
 const LAYERS: &[&[&str]] = &[
@@ -389,25 +390,48 @@ fn a_planted_circle_is_found_at_every_depth() {
 }
 
 /// Most lines of a source file, counting its tests: a file past it usually holds two concepts
-/// (large test modules go to a `tests.rs` beside the file).
+/// (large test modules go to a `tests.rs` beside the file; integration tests and benchmarks are
+/// split by theme, with shared helpers in `tests/common/`).
 const MAX_FILE_LINES: usize = 650;
 
-#[test]
-fn no_source_file_is_longer_than_a_person_can_hold_in_their_head() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// The `.rs` files under `dirs` (searched recursively) that are longer than `max` lines, as
+/// `path: n lines`.
+fn longer_than(max: usize, dirs: &[PathBuf]) -> Vec<String> {
     let mut files = Vec::new();
-    walk(&src, &mut files);
+    for d in dirs {
+        walk(d, &mut files);
+    }
     files.sort();
-    let long: Vec<String> = files
+    files
         .iter()
         .filter_map(|f| {
             let n = std::fs::read_to_string(f).unwrap().lines().count();
-            (n > MAX_FILE_LINES).then(|| format!("{}: {n} lines", f.display()))
+            (n > max).then(|| format!("{}: {n} lines", f.display()))
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn no_source_file_is_longer_than_a_person_can_hold_in_their_head() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dirs = ["src", "tests", "benches"].map(|d| root.join(d));
+    let long = longer_than(MAX_FILE_LINES, &dirs);
     assert!(
         long.is_empty(),
         "files over {MAX_FILE_LINES} lines:\n{}",
         long.join("\n")
     );
+}
+
+#[test]
+fn a_planted_long_file_is_found_in_a_nested_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let nested = dir.path().join("common/deep");
+    std::fs::create_dir_all(&nested).unwrap();
+    std::fs::write(nested.join("long.rs"), "a\nb\nc\n").unwrap();
+    std::fs::write(dir.path().join("short.rs"), "a\nb\n").unwrap();
+    std::fs::write(dir.path().join("notes.md"), "a\nb\nc\n").unwrap();
+    let long = longer_than(2, &[dir.path().to_path_buf()]);
+    let want = format!("{}: 3 lines", nested.join("long.rs").display());
+    assert_eq!(long, vec![want]);
 }

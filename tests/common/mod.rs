@@ -1,7 +1,10 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod deadline;
 pub mod node;
+pub mod pipeline;
+pub mod replay;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
