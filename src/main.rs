@@ -101,15 +101,18 @@ enum Command {
         quiet: bool,
     },
     /// Compare a simulated pipeline run with a live run of the same scenario (TTFT and TPOT
-    /// errors of the simulation); prints markdown, or writes it to --out.
+    /// errors of the simulation); prints markdown (or JSON), or writes it to --out.
     Compare {
         /// The simulated results folder.
         sim: PathBuf,
         /// The live results folder.
         live: PathBuf,
-        /// Write the markdown here instead of stdout.
+        /// Write the comparison here instead of stdout.
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Write the comparison as JSON (schema `meshsim-comparison/1`, docs/cli.md).
+        #[arg(long)]
+        json: bool,
     },
     /// Validate a scenario and print what it derives, without running it.
     Check {
@@ -202,7 +205,12 @@ fn main() -> ExitCode {
     init_logging(cli.verbose, quiet);
     match cli.command {
         Command::Plot { dir, quiet } => cli::tools::plot(&dir, quiet),
-        Command::Compare { sim, live, out } => cli::tools::compare(&sim, &live, out.as_deref()),
+        Command::Compare {
+            sim,
+            live,
+            out,
+            json,
+        } => cli::tools::compare(&sim, &live, out.as_deref(), json),
         Command::Profile(args) => cli::profile::profile_run(&args),
         Command::Run {
             scenario,

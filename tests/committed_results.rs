@@ -1,6 +1,6 @@
 //! The committed results of every bundled scenario are what the code produces now: re-running
 //! each `scenarios/<name>.toml` (simulated; pipeline scenarios with their committed profile)
-//! gives its committed `results/<name>/summary.csv` and `report.md` byte for byte, and the
+//! gives its committed `results/<name>/summary.csv`, `summary.json` and `report.md` byte for byte, and the
 //! `comparison.md` of a committed live run `results/<name>_live/` is what `meshsim compare`
 //! makes of the two. When a change to the model moves results on purpose, re-run the bundled
 //! scenarios (`cargo run --release -- run scenarios/<name>.toml`), regenerate the comparisons
@@ -54,7 +54,11 @@ fn reproduce(name: &str, threads: usize) -> Result<(), String> {
     std::fs::create_dir(tmp.path().join("results")).unwrap();
     e.write(&runs, &tmp.path().join("results").join(name))
         .map_err(|e| format!("{name}: {e}"))?;
-    let mut files = vec![format!("{name}/summary.csv"), format!("{name}/report.md")];
+    let mut files = vec![
+        format!("{name}/summary.csv"),
+        format!("{name}/summary.json"),
+        format!("{name}/report.md"),
+    ];
     let live = format!("{name}_live");
     if root().join("results").join(&live).is_dir() {
         regenerate_comparison(tmp.path(), name)?;

@@ -181,3 +181,64 @@ fn policies_that_the_simulation_orders_must_rank_the_same_live() {
     // These folders have no arrival times: no throughput table.
     assert!(!md.contains("Throughput"), "{md}");
 }
+
+#[test]
+fn compare_json_holds_the_hand_computed_figures() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sim, live) = (dir.path().join("sim"), dir.path().join("live"));
+    write_folder(&sim, &SIM);
+    write_folder(&live, &LIVE);
+    let o = Command::new(env!("CARGO_BIN_EXE_meshsim"))
+        .args(["compare", "sim", "live", "--json", "--out", "c.json"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(dir.path().join("c.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["schema"], "meshsim-comparison/1");
+    assert_eq!(
+        (v["simulated"].as_str(), v["live"].as_str()),
+        (Some("sim"), Some("live"))
+    );
+    assert_eq!(v["same_scenario"], true);
+    let close = |x: &serde_json::Value, want: f64| {
+        let got = x.as_f64().unwrap_or(f64::NAN);
+        assert!((got - want).abs() < 1e-9, "{x} against {want}");
+    };
+    // The figures of EXPECTED (see there for the arithmetic), as numbers.
+    let cached = &v["runs"][0];
+    assert_eq!(
+        (cached["point"].clone(), cached["policy"].as_str()),
+        (serde_json::Value::Null, Some("cached"))
+    );
+    assert_eq!(cached["requests"], 4);
+    close(&cached["ttft_p50_ms"]["sim"], 20.0);
+    close(&cached["ttft_p50_ms"]["error"], 0.0);
+    close(&cached["ttft_p99_ms"]["live"], 50.0);
+    close(&cached["ttft_p99_ms"]["error"], -0.2);
+    close(&cached["mean_abs_ttft_error"], 0.425);
+    close(&cached["tpot_p50_ms"]["error"], 0.25);
+    let stateless = &v["runs"][1];
+    close(&stateless["ttft_p99_ms"]["error"], 0.5);
+    close(
+        &stateless["mean_abs_ttft_error"],
+        (0.25 + 0.2 + 0.1 + 0.5625) / 4.0,
+    );
+    close(&stateless["tpot_p50_ms"]["error"], -0.25);
+    // No arrival times: no throughput.
+    assert_eq!(stateless["throughput_rps"], serde_json::Value::Null);
+    assert_eq!(v["rankings"][0]["simulated"], "cached < stateless");
+    assert_eq!(v["rankings"][0]["swapped"], serde_json::json!([]));
+    // Markdown and JSON each replace only their own kind of file.
+    let o = Command::new(env!("CARGO_BIN_EXE_meshsim"))
+        .args(["compare", "sim", "live", "--out", "c.json"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "markdown over a JSON comparison");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("c.json")).unwrap(),
+        text
+    );
+}

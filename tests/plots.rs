@@ -439,7 +439,11 @@ fn other_results_get_no_tps_figure() {
         let dir = tmp.path().join(name);
         pipeline_results(&dir, scenario);
         let written = meshsim::results::plot::render(&dir).unwrap();
-        assert_eq!(written.len(), 2 * Figure::ALL.len() + 1, "{name}");
+        assert_eq!(
+            written.len(),
+            2 * Figure::ALL.len() + 2,
+            "{name}: figures, report.md, summary.json"
+        );
         assert!(!output_files(&dir).iter().any(|f| f.contains("tps_output")));
         assert!(!dir.join("tps_output.png").exists(), "{name}");
         assert!(!dir.join("tps_output.svg").exists(), "{name}");

@@ -7,16 +7,21 @@ use std::time::Instant;
 use super::{EXIT_BAD_INPUT, EXIT_FAILED, refused};
 use meshsim::results::output;
 
-pub(crate) fn compare(sim: &Path, live: &Path, out: Option<&Path>) -> ExitCode {
-    let replaces = output::Replaces::Header(output::COMPARISON_HEADER);
+pub(crate) fn compare(sim: &Path, live: &Path, out: Option<&Path>, json: bool) -> ExitCode {
+    let replaces = output::Replaces::Header(if json {
+        output::COMPARISON_JSON_HEADER
+    } else {
+        output::COMPARISON_HEADER
+    });
     if let Some(path) = out
         && let Err(e) =
             output::check_out_file(path, replaces).and_then(|()| output::probe_beside(path))
     {
         return refused(e);
     }
-    let md = match meshsim::results::compare::compare(sim, live) {
-        Ok(md) => md,
+    let md = match meshsim::results::compare::comparison(sim, live) {
+        Ok(c) if json => c.json(),
+        Ok(c) => c.markdown(),
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(EXIT_BAD_INPUT);

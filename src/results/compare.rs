@@ -21,6 +21,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use serde::Serialize;
+
 use crate::metrics::nearest_rank;
 use crate::results::plot::PlotError;
 use crate::text::record_line;
@@ -170,14 +172,6 @@ fn same_scenario(a: &Path, b: &Path) -> bool {
     }
 }
 
-fn pct(sim: f64, live: f64) -> String {
-    if live > 0.0 {
-        format!("{:+.1}%", 100.0 * (sim - live) / live)
-    } else {
-        "-".into()
-    }
-}
-
 fn sorted(mut v: Vec<f64>) -> Vec<f64> {
     v.sort_by(f64::total_cmp);
     v
@@ -215,70 +209,81 @@ fn quantile(v: &[f64], q: f64) -> f64 {
     }
 }
 
-/// Writes the report's title, the folders compared and a warning when their scenarios differ.
-fn write_heading(md: &mut String, sim: &Path, live: &Path) {
-    let _ = writeln!(
-        md,
-        "# Simulation against live run\n\nsimulated: `{}`; live: `{}`. Times in ms; \
-         error = (sim - live) / live.\n",
-        sim.display(),
-        live.display()
-    );
-    if !same_scenario(sim, live) {
-        let _ = writeln!(
-            md,
-            "**Warning:** the two folders' `scenario.toml` differ (beyond the `mode` line that \
-             `--live` adds), so their requests may not be the same ones.\n"
-        );
+/// A figure of the simulation and of the live run.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct SimLive {
+    pub sim: f64,
+    pub live: f64,
+    /// The simulation's signed error, `(sim - live) / live`; `None` when `live` is 0.
+    pub error: Option<f64>,
+}
+
+impl SimLive {
+    fn new(sim: f64, live: f64) -> SimLive {
+        SimLive {
+            sim,
+            live,
+            error: (live > 0.0).then(|| (sim - live) / live),
+        }
+    }
+
+    /// The error in percent with one decimal and its sign, or `-`.
+    fn pct(&self) -> String {
+        if self.live > 0.0 {
+            format!("{:+.1}%", 100.0 * (self.sim - self.live) / self.live)
+        } else {
+            "-".into()
+        }
     }
 }
 
-/// Writes the table of TTFT and TPOT percentiles and errors, a row per point and policy.
-fn write_latency_table(md: &mut String, order: &[(String, String)], groups: &Groups) {
-    let _ = writeln!(
-        md,
-        "| point | policy | requests | TTFT p50 sim | live | error | TTFT p99 sim | live | error \
-         | mean abs. TTFT error | TPOT p50 sim | live | error |"
-    );
-    let _ = writeln!(
-        md,
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-    );
-    for key in order {
-        let (point, policy) = key;
-        write_latency_row(md, point, policy, &groups[key]);
-    }
+/// The comparison of one (sweep point, policy) over the requests completed in both runs.
+#[derive(Clone, Debug, Serialize)]
+pub struct Group {
+    /// The sweep point; `None` outside a sweep.
+    pub point: Option<String>,
+    pub policy: String,
+    /// Requests completed in both runs.
+    pub requests: usize,
+    pub ttft_p50_ms: SimLive,
+    pub ttft_p99_ms: SimLive,
+    pub tpot_p50_ms: SimLive,
+    /// `mean |sim_i - live_i| / live_i` of the per-request TTFTs, as a ratio.
+    pub mean_abs_ttft_error: f64,
+    /// Requests per second from the first arrival to the last end, when both files have
+    /// arrival and end times.
+    pub throughput_rps: Option<SimLive>,
 }
 
-/// Writes the latency table's row of `policy` at `point`, from its matched times `pairs`.
-fn write_latency_row(md: &mut String, point: &str, policy: &str, pairs: &[(Times, Times)]) {
-    let st = sorted(pairs.iter().map(|p| p.0.ttft).collect());
-    let lt = sorted(pairs.iter().map(|p| p.1.ttft).collect());
-    let sp = sorted(pairs.iter().filter_map(|p| p.0.tpot).collect());
-    let lp = sorted(pairs.iter().filter_map(|p| p.1.tpot).collect());
-    let mape = pairs
-        .iter()
-        .filter(|p| p.1.ttft > 0.0)
-        .map(|p| (p.0.ttft - p.1.ttft).abs() / p.1.ttft)
-        .sum::<f64>()
-        / pairs.len() as f64;
-    let _ = writeln!(
-        md,
-        "| {} | {policy} | {} | {:.1} | {:.1} | {} | {:.1} | {:.1} | {} | {:.1}% | {:.2} | {:.2} \
-         | {} |",
-        if point.is_empty() { "-" } else { point },
-        pairs.len(),
-        quantile(&st, 50.0),
-        quantile(&lt, 50.0),
-        pct(quantile(&st, 50.0), quantile(&lt, 50.0)),
-        quantile(&st, 99.0),
-        quantile(&lt, 99.0),
-        pct(quantile(&st, 99.0), quantile(&lt, 99.0)),
-        100.0 * mape,
-        quantile(&sp, 50.0),
-        quantile(&lp, 50.0),
-        pct(quantile(&sp, 50.0), quantile(&lp, 50.0)),
-    );
+impl Group {
+    fn new(point: &str, policy: &str, pairs: &[(Times, Times)]) -> Group {
+        let st = sorted(pairs.iter().map(|p| p.0.ttft).collect());
+        let lt = sorted(pairs.iter().map(|p| p.1.ttft).collect());
+        let sp = sorted(pairs.iter().filter_map(|p| p.0.tpot).collect());
+        let lp = sorted(pairs.iter().filter_map(|p| p.1.tpot).collect());
+        let mape = pairs
+            .iter()
+            .filter(|p| p.1.ttft > 0.0)
+            .map(|p| (p.0.ttft - p.1.ttft).abs() / p.1.ttft)
+            .sum::<f64>()
+            / pairs.len() as f64;
+        let at = |s: &[f64], l: &[f64], q| SimLive::new(quantile(s, q), quantile(l, q));
+        Group {
+            point: (!point.is_empty()).then(|| point.to_string()),
+            policy: policy.to_string(),
+            requests: pairs.len(),
+            ttft_p50_ms: at(&st, &lt, 50.0),
+            ttft_p99_ms: at(&st, &lt, 99.0),
+            tpot_p50_ms: at(&sp, &lp, 50.0),
+            mean_abs_ttft_error: mape,
+            throughput_rps: throughput(pairs, false)
+                .map(|sim| SimLive::new(sim, throughput(pairs, true).unwrap_or(0.0))),
+        }
+    }
+
+    fn point_cell(&self) -> &str {
+        self.point.as_deref().unwrap_or("-")
+    }
 }
 
 /// Requests per second of the live (or simulated) run over `pairs`, from the first arrival to
@@ -293,57 +298,22 @@ fn throughput(pairs: &[(Times, Times)], live: bool) -> Option<f64> {
     (last > first).then(|| spans.len() as f64 / ((last - first) / 1e3))
 }
 
-/// Writes the throughput table, when every group's simulated throughput is known.
-fn write_throughput_table(md: &mut String, order: &[(String, String)], groups: &Groups) {
-    if !order
-        .iter()
-        .all(|k| throughput(&groups[k], false).is_some())
-    {
-        return;
-    }
-    let _ = writeln!(
-        md,
-        "\nThroughput over the compared requests, requests/s:\n\n\
-         | point | policy | sim | live | error |\n|---|---|---:|---:|---:|"
-    );
-    for key in order {
-        let (sim, live) = (
-            throughput(&groups[key], false).unwrap_or(0.0),
-            throughput(&groups[key], true).unwrap_or(0.0),
-        );
-        let point = if key.0.is_empty() { "-" } else { &key.0 };
-        let _ = writeln!(
-            md,
-            "| {point} | {} | {sim:.2} | {live:.2} | {} |",
-            key.1,
-            pct(sim, live)
-        );
-    }
+/// How the policies of one sweep point rank by TTFT p50 in both runs.
+#[derive(Clone, Debug, Serialize)]
+pub struct Ranking {
+    /// The sweep point; `None` outside a sweep.
+    pub point: Option<String>,
+    /// The policies, fastest first, `=` between neighbours within 1 % of each other, `<`
+    /// between the others.
+    pub simulated: String,
+    pub live: String,
+    /// The pairs the simulation orders (p50s more than 1 % apart) that the live run orders
+    /// the other way, as "a and b"; the rankings agree when there is none.
+    pub swapped: Vec<String>,
 }
 
 /// A policy's name with its simulated and live TTFT p50 at one sweep point.
 type Ranked<'a> = (&'a str, f64, f64);
-
-/// The policies at `point`, in `order`, with their simulated and live TTFT p50.
-fn ranking_rows<'a>(
-    order: &'a [(String, String)],
-    groups: &Groups,
-    point: &str,
-) -> Vec<Ranked<'a>> {
-    order
-        .iter()
-        .filter(|k| k.0 == point)
-        .map(|k| {
-            let pairs = &groups[k];
-            let p50 = |v: Vec<f64>| nearest_rank(&sorted(v), 50.0);
-            (
-                k.1.as_str(),
-                p50(pairs.iter().map(|p| p.0.ttft).collect()),
-                p50(pairs.iter().map(|p| p.1.ttft).collect()),
-            )
-        })
-        .collect()
-}
 
 /// The names of `rows` as ordered, with `=` between neighbours within 1 % of each other by
 /// the live (or simulated) p50 and `<` between the others.
@@ -379,56 +349,206 @@ fn swapped_pairs(rows: &[Ranked<'_>]) -> Vec<String> {
     swapped
 }
 
-/// Writes, per sweep point, the policies ranked by TTFT p50 in both runs and whether the
-/// rankings agree.
-fn write_rankings(md: &mut String, order: &[(String, String)], groups: &Groups) {
-    let _ = writeln!(
-        md,
-        "\nRanking by TTFT p50 (fastest first; policies within 1 % of each other in the \
-         simulation are tied):\n"
-    );
-    let mut points: Vec<&String> = Vec::new();
-    for (point, _) in order {
-        if !points.contains(&point) {
-            points.push(point);
+/// The ranking of each sweep point, in the order the points first appear in `groups`.
+fn rankings(groups: &[Group]) -> Vec<Ranking> {
+    let mut points: Vec<&Option<String>> = Vec::new();
+    for g in groups {
+        if !points.contains(&&g.point) {
+            points.push(&g.point);
         }
     }
-    for point in points {
-        let mut rows = ranking_rows(order, groups, point);
-        rows.sort_by(|a, b| a.1.total_cmp(&b.1));
-        let sim_order = ranked_names(&rows, false);
-        let swapped = swapped_pairs(&rows);
-        rows.sort_by(|a, b| a.2.total_cmp(&b.2));
-        let live_order = ranked_names(&rows, true);
-        let verdict = if swapped.is_empty() {
-            "the same".to_string()
-        } else {
-            format!("not the same: {} swap", swapped.join(", "))
+    points
+        .into_iter()
+        .map(|point| {
+            let mut rows: Vec<Ranked<'_>> = groups
+                .iter()
+                .filter(|g| &g.point == point)
+                .map(|g| (g.policy.as_str(), g.ttft_p50_ms.sim, g.ttft_p50_ms.live))
+                .collect();
+            rows.sort_by(|a, b| a.1.total_cmp(&b.1));
+            let simulated = ranked_names(&rows, false);
+            let swapped = swapped_pairs(&rows);
+            rows.sort_by(|a, b| a.2.total_cmp(&b.2));
+            Ranking {
+                point: point.clone(),
+                simulated,
+                live: ranked_names(&rows, true),
+                swapped,
+            }
+        })
+        .collect()
+}
+
+/// The comparison of a simulated results folder with a live one.
+#[derive(Clone, Debug, Serialize)]
+pub struct Comparison {
+    /// `meshsim-comparison/1` (the JSON form's schema, described in docs/cli.md).
+    pub schema: &'static str,
+    pub meshsim_version: &'static str,
+    /// The folders compared, as given.
+    pub simulated: String,
+    pub live: String,
+    /// Whether both folders hold the same `scenario.toml` (but for `mode`): when not, their
+    /// requests may not be the same ones.
+    pub same_scenario: bool,
+    /// One entry per (sweep point, policy), in the simulated file's order.
+    pub runs: Vec<Group>,
+    /// One entry per sweep point.
+    pub rankings: Vec<Ranking>,
+}
+
+/// The `schema` of [`Comparison`]'s JSON form.
+pub const COMPARISON_SCHEMA: &str = "meshsim-comparison/1";
+
+impl Comparison {
+    /// The comparison as Markdown: the latency table, the throughput table when every run's
+    /// throughput is known, and the rankings.
+    pub fn markdown(&self) -> String {
+        let mut md = String::new();
+        self.write_heading(&mut md);
+        self.write_latency_table(&mut md);
+        self.write_throughput_table(&mut md);
+        self.write_rankings(&mut md);
+        md
+    }
+
+    /// The comparison as pretty-printed JSON, ending with a newline.
+    pub fn json(&self) -> String {
+        let mut text = serde_json::to_string_pretty(self)
+            .expect("a comparison holds only finite numbers, text and paths");
+        text.push('\n');
+        text
+    }
+
+    /// Writes the report's title, the folders compared and a warning when their scenarios
+    /// differ.
+    fn write_heading(&self, md: &mut String) {
+        let _ = writeln!(
+            md,
+            "# Simulation against live run\n\nsimulated: `{}`; live: `{}`. Times in ms; \
+             error = (sim - live) / live.\n",
+            self.simulated, self.live
+        );
+        if !self.same_scenario {
+            let _ = writeln!(
+                md,
+                "**Warning:** the two folders' `scenario.toml` differ (beyond the `mode` line \
+                 that `--live` adds), so their requests may not be the same ones.\n"
+            );
+        }
+    }
+
+    /// Writes the table of TTFT and TPOT percentiles and errors, a row per point and policy.
+    fn write_latency_table(&self, md: &mut String) {
+        let _ = writeln!(
+            md,
+            "| point | policy | requests | TTFT p50 sim | live | error | TTFT p99 sim | live \
+             | error | mean abs. TTFT error | TPOT p50 sim | live | error |"
+        );
+        let _ = writeln!(
+            md,
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        );
+        for g in &self.runs {
+            let (p50, p99, tpot) = (g.ttft_p50_ms, g.ttft_p99_ms, g.tpot_p50_ms);
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {:.1} | {:.1} | {} | {:.1} | {:.1} | {} | {:.1}% | {:.2} \
+                 | {:.2} | {} |",
+                g.point_cell(),
+                g.policy,
+                g.requests,
+                p50.sim,
+                p50.live,
+                p50.pct(),
+                p99.sim,
+                p99.live,
+                p99.pct(),
+                100.0 * g.mean_abs_ttft_error,
+                tpot.sim,
+                tpot.live,
+                tpot.pct(),
+            );
+        }
+    }
+
+    /// Writes the throughput table, when every group's simulated throughput is known.
+    fn write_throughput_table(&self, md: &mut String) {
+        let Some(rows) = self
+            .runs
+            .iter()
+            .map(|g| g.throughput_rps.map(|t| (g, t)))
+            .collect::<Option<Vec<_>>>()
+        else {
+            return;
         };
         let _ = writeln!(
             md,
-            "- {}: simulated {sim_order}; live {live_order}: {verdict}.",
-            if point.is_empty() {
-                "all requests"
-            } else {
-                point
-            }
+            "\nThroughput over the compared requests, requests/s:\n\n\
+             | point | policy | sim | live | error |\n|---|---|---:|---:|---:|"
         );
+        for (g, t) in rows {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {:.2} | {:.2} | {} |",
+                g.point_cell(),
+                g.policy,
+                t.sim,
+                t.live,
+                t.pct()
+            );
+        }
+    }
+
+    /// Writes, per sweep point, the policies ranked by TTFT p50 in both runs and whether the
+    /// rankings agree.
+    fn write_rankings(&self, md: &mut String) {
+        let _ = writeln!(
+            md,
+            "\nRanking by TTFT p50 (fastest first; policies within 1 % of each other in the \
+             simulation are tied):\n"
+        );
+        for r in &self.rankings {
+            let verdict = if r.swapped.is_empty() {
+                "the same".to_string()
+            } else {
+                format!("not the same: {} swap", r.swapped.join(", "))
+            };
+            let _ = writeln!(
+                md,
+                "- {}: simulated {}; live {}: {verdict}.",
+                r.point.as_deref().unwrap_or("all requests"),
+                r.simulated,
+                r.live
+            );
+        }
     }
 }
 
-/// A markdown report comparing the simulated folder `sim` with the live folder `live`.
-pub fn compare(sim: &Path, live: &Path) -> Result<String, CompareError> {
+/// Compares the simulated folder `sim` with the live folder `live`.
+pub fn comparison(sim: &Path, live: &Path) -> Result<Comparison, CompareError> {
     let a = load(sim)?;
     let b: BTreeMap<Key, Times> = load(live)?.into_iter().collect();
     let (order, groups) = match_requests(&a, &b);
     if groups.is_empty() {
         return Err(CompareError::Nothing);
     }
-    let mut md = String::new();
-    write_heading(&mut md, sim, live);
-    write_latency_table(&mut md, &order, &groups);
-    write_throughput_table(&mut md, &order, &groups);
-    write_rankings(&mut md, &order, &groups);
-    Ok(md)
+    let runs: Vec<Group> = order
+        .iter()
+        .map(|key| Group::new(&key.0, &key.1, &groups[key]))
+        .collect();
+    Ok(Comparison {
+        schema: COMPARISON_SCHEMA,
+        meshsim_version: env!("CARGO_PKG_VERSION"),
+        simulated: sim.display().to_string(),
+        live: live.display().to_string(),
+        same_scenario: same_scenario(sim, live),
+        rankings: rankings(&runs),
+        runs,
+    })
+}
+
+/// A markdown report comparing the simulated folder `sim` with the live folder `live`.
+pub fn compare(sim: &Path, live: &Path) -> Result<String, CompareError> {
+    Ok(comparison(sim, live)?.markdown())
 }

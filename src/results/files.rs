@@ -25,6 +25,7 @@ pub fn names() -> Vec<String> {
         "scenario.toml",
         "requests.csv",
         "summary.csv",
+        "summary.json",
         "report.md",
         "comparison.md",
         SHARE_MANIFEST,

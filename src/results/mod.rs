@@ -110,7 +110,7 @@ pub fn write_results_dir_with(
         let started = Instant::now();
         let files = match latencies {
             Some(l) => plot::render_with(tmp, l),
-            None => plot::render(tmp),
+            None => plot::render_unpublished(tmp),
         }
         .map_err(std::io::Error::other)?;
         Ok((started.elapsed(), files))

@@ -613,7 +613,7 @@ pub fn merge(
         std::fs::write(tmp.join("requests.csv"), &requests)?;
         std::fs::write(tmp.join("summary.csv"), &summary)?;
         let started = Instant::now();
-        let files = super::plot::render(tmp).map_err(std::io::Error::other)?;
+        let files = super::plot::render_unpublished(tmp).map_err(std::io::Error::other)?;
         Ok((started.elapsed(), files))
     })
     .map_err(|e| MergeError::Write(out.to_path_buf(), e.into()))?;

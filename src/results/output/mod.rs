@@ -17,7 +17,8 @@
 //! 1. clean up after crashed runs ([`clean_stale`]): a `.DIR.meshsim-tmp-PID-N` whose process
 //!    PID is gone is removed; a `.DIR.meshsim-old-PID-N` (only the portable path makes one)
 //!    is renamed back to `DIR` when `DIR` is missing, removed otherwise;
-//! 2. write everything into a new `.DIR.meshsim-tmp-PID-N` (the marker first), fsync it;
+//! 2. write everything into a new `.DIR.meshsim-tmp-PID-N` (the marker first) with plain
+//!    writes, then flush it in one pass ([`swap::flush_folder`]: each file once, the folder);
 //! 3. swap it in: on Linux `renameat2(RENAME_EXCHANGE)` swaps the new folder and the old one
 //!    in one step (`RENAME_NOREPLACE` when there is no old one), so the temporary name now
 //!    holds the old results, checked again to be replaceable (if another process put a
@@ -41,7 +42,8 @@
 //! `report.md`). [`check_out_file`] refuses a target that exists and is not a regular file
 //! (folder, symbolic link, device, FIFO, socket), and a regular file that meshsim did not
 //! write: profiles, comparisons and canonical traces are recognised by the first line meshsim
-//! writes ([`PROFILE_HEADER`], [`COMPARISON_HEADER`], [`TRACE_HEADER`]); plots and `report.md`
+//! writes ([`PROFILE_HEADER`], [`COMPARISON_HEADER`], [`COMPARISON_JSON_HEADER`],
+//! [`TRACE_HEADER`]); plots, `report.md` and `summary.json`
 //! have meshsim's own names inside a results folder ([`Replaces::ResultsFile`]).
 //! [`write_file_atomically`] writes `.NAME.meshsim-tmp-PID-N` in the same folder, fsyncs it
 //! and swaps it in the same way as a folder, so a crash leaves the old file or the new one,
@@ -73,6 +75,8 @@ pub const MARKER_TEXT: &str = "meshsim results folder: meshsim wrote it and may 
 pub const PROFILE_HEADER: &str = "# A meshsim profile";
 /// The markdown of `meshsim compare` begins with this.
 pub const COMPARISON_HEADER: &str = "# Simulation against live run";
+/// `meshsim compare --json` begins with this.
+pub const COMPARISON_JSON_HEADER: &str = "{\n  \"schema\": \"meshsim-comparison/";
 /// A canonical trace (`meshsim trace convert`) begins with this.
 pub const TRACE_HEADER: &str = "{\"format\": \"meshsim-trace\"";
 
@@ -200,7 +204,7 @@ pub fn replace_dir_atomically<T>(
     fs::create_dir(&tmp).map_err(io_err(&tmp))?;
     let filled = fs::write(tmp.join(MARKER), MARKER_TEXT)
         .and_then(|()| fill(&tmp))
-        .and_then(|t| sync_tree(&tmp).map(|()| t));
+        .and_then(|t| flush_folder(&tmp).map(|()| t));
     let t = match filled {
         Ok(t) => t,
         Err(e) => {
@@ -209,7 +213,7 @@ pub fn replace_dir_atomically<T>(
         }
     };
     crash_point("dir-tmp-written");
-    match swap_into_place(&tmp, dir, &parent, &name, "dir", &replaceable_dir) {
+    match swap_into_place(&tmp, dir, (&parent, &name), "dir", &replaceable_dir, true) {
         Ok(()) => Ok(t),
         Err(e) => {
             let _ = remove_any(&tmp);
@@ -343,13 +347,67 @@ pub fn write_file_atomically(
     }
     crash_point("file-tmp-written");
     let check = |p: &Path| replaceable_file(p, replaces);
-    match swap_into_place(&tmp, path, &parent, &name, "file", &check) {
+    match swap_into_place(&tmp, path, (&parent, &name), "file", &check, true) {
         Ok(()) => Ok(()),
         Err(e) => {
             let _ = remove_any(&tmp);
             Err(e)
         }
     }
+}
+
+/// Writes results files (plots, `report.md`, `summary.json`: names meshsim gives them) into
+/// the existing folder `dir`, each atomically as [`write_file_atomically`] does, in one pass:
+/// every temporary file is written, then each is flushed (`fdatasync`), then each is swapped
+/// into place and the folder is synced once. A crash leaves each file old or new, whole.
+pub fn write_files_atomically(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<(), OutputError> {
+    let mut temps: Vec<(PathBuf, PathBuf, OsString)> = Vec::with_capacity(files.len());
+    let mut written: Vec<File> = Vec::with_capacity(files.len());
+    let result = (|| {
+        for (name, bytes) in files {
+            let path = dir.join(name);
+            check_out_file(&path, Replaces::ResultsFile)?;
+            let (parent, name) = split(&path)?;
+            clean_stale(&parent, &name);
+            let tmp = parent.join(temp_name(&name, "tmp"));
+            let mut f = fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&tmp)
+                .map_err(io_err(&path))?;
+            temps.push((tmp, path.clone(), name));
+            f.write_all(bytes).map_err(io_err(&path))?;
+            written.push(f);
+        }
+        for (f, (_, path, _)) in written.iter().zip(&temps) {
+            f.sync_data().map_err(io_err(path))?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        for (tmp, _, _) in &temps {
+            let _ = fs::remove_file(tmp);
+        }
+        return Err(e);
+    }
+    crash_point("file-tmp-written");
+    let check = |p: &Path| replaceable_file(p, Replaces::ResultsFile);
+    for (i, (tmp, path, name)) in temps.iter().enumerate() {
+        if let Err(e) = swap_into_place(tmp, path, (dir, name), "file", &check, false) {
+            for (tmp, _, _) in &temps[i..] {
+                let _ = remove_any(tmp);
+            }
+            return Err(e);
+        }
+    }
+    sync_dir(dir);
+    Ok(())
+}
+
+/// Test hook for code that fills a folder before it is swapped in: with
+/// `MESHSIM_TEST_CRASH_AT=file-tmp-written`, the process is killed here (see the module doc).
+pub fn crash_after_file_written() {
+    crash_point("file-tmp-written");
 }
 
 /// Removes what crashed writes of `name` in `parent` left behind (see the module doc).

@@ -34,6 +34,7 @@ mod charts;
 mod data;
 mod font;
 mod report;
+mod summary_json;
 mod table;
 
 use std::path::{Path, PathBuf};
@@ -46,6 +47,7 @@ pub use data::{
     median_tps_by_length, run_name,
 };
 pub use report::report_markdown;
+pub use summary_json::{SCHEMA, summary_json};
 
 /// Why plots or the report could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -229,7 +231,7 @@ pub fn encode_png(rgb: &[u8], width: u32, height: u32) -> Result<Vec<u8>, png::E
 
 /// The files [`render`] writes into the results folder `dir`, relative to it, in writing
 /// order: the figures (with `tps_output` when `dir/scenario.toml` is a pipeline scenario), then
-/// `report.md`. Only `scenario.toml` is read; a missing one counts as a non-pipeline folder.
+/// `report.md` and `summary.json`. Only `scenario.toml` is read; a missing one counts as a non-pipeline folder.
 pub fn output_files(dir: &Path) -> Vec<String> {
     let pipeline = data::read_scenario(dir).as_ref().is_some_and(is_pipeline);
     file_names(&data::figures(pipeline))
@@ -241,31 +243,54 @@ fn file_names(figures: &[Figure]) -> Vec<String> {
         .flat_map(|f| [format!("{}.png", f.stem()), format!("{}.svg", f.stem())])
         .collect();
     v.push("report.md".into());
+    v.push("summary.json".into());
     v
 }
 
-/// Reads the CSV files of `dir` and writes every figure (PNG and SVG) and `report.md` into
-/// it, returning the paths written (those of [`output_files`], in that order). Figures are
-/// drawn in parallel threads; each file is written under a temporary name and renamed, so an
-/// interrupted run never leaves a truncated file.
-pub fn render(dir: &Path) -> Result<Vec<PathBuf>, PlotError> {
-    let results = Results::load(dir)?;
-    render_results(&results, dir)
+/// Where [`render_results`] writes: how its files reach the folder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// An existing results folder that others may read: each file replaces the old one
+    /// atomically, with one flush for all ([`crate::results::output::write_files_atomically`]).
+    InPlace,
+    /// A folder being filled before it replaces the results folder whole
+    /// ([`crate::results::output::replace_dir_atomically`], which flushes it): plain writes.
+    Unpublished,
 }
 
-/// [`render`] for a folder just written from runs in memory, with their latencies (see
-/// [`Results::load_with`]): the same files, without reading `requests.csv` back.
+/// Reads the CSV files of `dir` and writes every figure (PNG and SVG), `report.md` and
+/// `summary.json` ([`summary_json`]) into it, returning the paths written (those of
+/// [`output_files`], in that order). Figures are drawn in parallel threads; the files replace
+/// the old ones atomically ([`Placement::InPlace`]), so an interrupted run never leaves a
+/// truncated file.
+pub fn render(dir: &Path) -> Result<Vec<PathBuf>, PlotError> {
+    let results = Results::load(dir)?;
+    render_results(&results, dir, Placement::InPlace)
+}
+
+/// [`render`] into a folder that is not yet published ([`Placement::Unpublished`]).
+pub fn render_unpublished(dir: &Path) -> Result<Vec<PathBuf>, PlotError> {
+    let results = Results::load(dir)?;
+    render_results(&results, dir, Placement::Unpublished)
+}
+
+/// [`render_unpublished`] for a folder just written from runs in memory, with their latencies
+/// (see [`Results::load_with`]): the same files, without reading `requests.csv` back.
 pub fn render_with(dir: &Path, latencies: Vec<Latencies>) -> Result<Vec<PathBuf>, PlotError> {
     let results = Results::load_with(dir, latencies)?;
-    render_results(&results, dir)
+    render_results(&results, dir, Placement::Unpublished)
 }
 
 /// A file's name in the results folder and its bytes.
 type NamedFile = (String, Vec<u8>);
 
-/// Writes the figures of `results` ([`Results::figures`]) and `report.md` into `dir`,
-/// returning the paths written.
-pub fn render_results(results: &Results, dir: &Path) -> Result<Vec<PathBuf>, PlotError> {
+/// Writes the figures of `results` ([`Results::figures`]), `report.md` and `summary.json`
+/// into `dir` as `placement` says, returning the paths written.
+pub fn render_results(
+    results: &Results,
+    dir: &Path,
+    placement: Placement,
+) -> Result<Vec<PathBuf>, PlotError> {
     let figures = results.figures();
     let drawn: Vec<Result<Vec<NamedFile>, PlotError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = figures
@@ -299,23 +324,25 @@ pub fn render_results(results: &Results, dir: &Path) -> Result<Vec<PathBuf>, Plo
         files.extend(figure?);
     }
     files.push(("report.md".into(), report_markdown(results).into_bytes()));
-    let mut written = Vec::with_capacity(files.len());
-    for (name, bytes) in files {
-        let path = dir.join(&name);
-        write_file(&path, &bytes)?;
-        written.push(path);
+    let json = summary_json(dir, results.scenario.as_ref())?;
+    files.push(("summary.json".into(), json.into_bytes()));
+    let written = files.iter().map(|(name, _)| dir.join(name)).collect();
+    match placement {
+        Placement::InPlace => {
+            crate::results::output::write_files_atomically(dir, &files).map_err(|e| {
+                PlotError::Write {
+                    path: dir.to_path_buf(),
+                    source: e.into(),
+                }
+            })?
+        }
+        Placement::Unpublished => {
+            for (name, bytes) in &files {
+                let path = dir.join(name);
+                std::fs::write(&path, bytes).map_err(|source| PlotError::Write { path, source })?;
+                crate::results::output::crash_after_file_written();
+            }
+        }
     }
     Ok(written)
-}
-
-fn write_file(path: &Path, bytes: &[u8]) -> Result<(), PlotError> {
-    crate::results::output::write_file_atomically(
-        path,
-        crate::results::output::Replaces::ResultsFile,
-        |w| w.write_all(bytes),
-    )
-    .map_err(|e| PlotError::Write {
-        path: path.to_path_buf(),
-        source: e.into(),
-    })
 }
