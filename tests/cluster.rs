@@ -11,10 +11,9 @@ mod common;
 use std::io::Write;
 use std::path::Path;
 use std::process::Command;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::node::{Node, cookie};
+use common::node::{Node, cookie, kill_when_started};
 
 use meshsim::pipeline::live::live_all;
 use meshsim::pipeline::outcome::PipelineRun;
@@ -68,27 +67,6 @@ fn fingerprint(r: &PipelineRun) -> (Rows, Outputs) {
         .map(|x| (x.id, x.output_tokens, x.network_bytes))
         .collect();
     (rows, r.report.outputs.clone())
-}
-
-/// A thread that kills `node` (SIGKILL) 400 ms after it next starts a run's actors: a few
-/// tokens into the generation.
-fn kill_when_started(node: &Node) -> std::thread::JoinHandle<()> {
-    let log = Arc::clone(&node.log);
-    let before = node.log().matches("actors started").count();
-    let pid = node.child.id();
-    std::thread::spawn(move || {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while log.lock().unwrap().matches("actors started").count() == before {
-            assert!(
-                Instant::now() < deadline,
-                "the run never started on the node"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        std::thread::sleep(Duration::from_millis(400));
-        // SAFETY: signalling our own child process.
-        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-    })
 }
 
 #[test]
@@ -183,7 +161,7 @@ fn pipeline_routes_across_meshsim_node_processes() {
     //    undisturbed run.
     let s_long = scenario(&[&n1, &n2, &n3], Some(&good), 40);
     let alone_long = one(rt.block_on(live_all(&scenario(&[], None, 40))).unwrap());
-    let killer = kill_when_started(&n2);
+    let killer = kill_when_started(&n2, Duration::from_millis(400));
     let faulted = one(rt.block_on(live_all(&s_long)).unwrap());
     killer.join().unwrap();
     n2.kill();
@@ -215,7 +193,7 @@ fn pipeline_routes_across_meshsim_node_processes() {
         PipelineScenario::parse("three.toml", "three", Path::new("."), &text).unwrap()
     };
     let alone3 = one(rt.block_on(live_all(&three(&[]))).unwrap());
-    let killer = kill_when_started(&n3);
+    let killer = kill_when_started(&n3, Duration::from_millis(400));
     let faulted3 = one(rt
         .block_on(live_all(&three(&[&n1, &n3, &n4, &n5])))
         .unwrap());

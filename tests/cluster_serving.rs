@@ -2,14 +2,15 @@
 //! only: the router and the metadata service in this process, each scenario node's
 //! instances and store server in a `meshsim node` process of its own. A store load from
 //! another node really crosses the socket, and the K/V bytes it moves are the ones the
-//! simulation's network carries for the same load. Bounded in wall-clock time; the nodes are
-//! killed at the end.
+//! simulation's network carries for the same load. A node killed in the middle of a run loses
+//! no request: its requests run again and end with an undisturbed run's tokens. Bounded in
+//! wall-clock time; the nodes are killed at the end.
 
 mod common;
 
 use std::collections::BTreeMap;
 
-use common::node::{Node, cookie};
+use common::node::{Node, cookie, kill_when_started};
 use meshsim::metrics::{RequestRecord, Tier};
 use meshsim::serving::build::trace;
 use meshsim::serving::live::live_all;
@@ -21,6 +22,11 @@ use meshsim::serving::sim::simulate;
 /// 2 nodes x 2 instances of tiny-32k, 32 seeded prompts about 6 shared contexts, stores that
 /// demote and replicate; in processes `nodes` when given.
 fn scenario(live: Option<(&[&Node], &std::path::Path)>) -> Scenario {
+    scenario_with(live, 4)
+}
+
+/// [`scenario`] with `output` tokens per request.
+fn scenario_with(live: Option<(&[&Node], &std::path::Path)>, output: u32) -> Scenario {
     let mut text = [
         r#"
 name = "cluster_serving"
@@ -47,7 +53,7 @@ contexts = 6
 questions_per_context = 6
 [workload.output_tokens]
 distribution = "fixed"
-tokens = 4
+tokens = OUTPUT
 [store]
 tensor_tokens = 32
 host_capacity_gib = 0.002
@@ -58,7 +64,8 @@ replicate_after_reads = 1
 max_wall_s = 300.0
 "#,
     ]
-    .concat();
+    .concat()
+    .replace("OUTPUT", &output.to_string());
     if let Some((nodes, cookie)) = live {
         let list: Vec<String> = nodes.iter().map(|n| format!("\"{}\"", n.addr)).collect();
         text += &format!(
@@ -155,4 +162,54 @@ fn store_loads_cross_the_socket_with_the_simulations_bytes() {
         );
     }
     assert!(compared > 0, "no remote load planned alike to compare");
+}
+
+#[test]
+fn a_node_killed_in_the_middle_of_a_run_loses_no_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = cookie(dir.path(), "cookie", "the-serving-failover-cookie-7");
+    let rt = common::runtime();
+    // The undisturbed tokens: vanilla, every actor in this process.
+    let mut one = scenario_with(None, 24);
+    one.policies = vec![PolicyKind::Vanilla];
+    let alone = rt.block_on(live_all(&one)).unwrap();
+    let expected: BTreeMap<u32, &Vec<u32>> = alone[0]
+        .report
+        .outputs
+        .iter()
+        .map(|(q, t)| (*q, t))
+        .collect();
+    assert_eq!(expected.len(), 32);
+
+    // Scenario node 1 (its instances and store server) is in n2; n3 is a spare. n2 is
+    // killed while requests are in flight on it: the coordinator places its actors on n3,
+    // the router runs their requests again and the metadata service forgets n2's store.
+    let (n1, mut n2, n3) = (Node::start(&key), Node::start(&key), Node::start(&key));
+    let mut s = scenario_with(Some((&[&n1, &n2, &n3], &key)), 24);
+    s.policies = vec![PolicyKind::EvoStore];
+    let killer = kill_when_started(&n2, std::time::Duration::from_millis(1500));
+    let runs = rt
+        .block_on(live_all(&s))
+        .unwrap_or_else(|e| panic!("{e}\nnode 1:\n{}\nnode 3:\n{}", n1.log(), n3.log()));
+    killer.join().unwrap();
+    assert!(!n2.alive(), "n2 was killed");
+    n2.kill();
+    let r = &runs[0];
+    eprintln!(
+        "failovers {}, failed loads {}",
+        r.report.failovers, r.report.failed_loads
+    );
+    assert!(
+        r.report.failovers > 0,
+        "the kill landed while no request was on n2: nothing was run again"
+    );
+    // Every request ends exactly once, with the undisturbed run's tokens.
+    assert_eq!(r.report.records.len(), 32);
+    for q in &r.report.records {
+        assert!(q.completed(), "request {} did not complete: {q:?}", q.id);
+        assert_eq!(q.output_tokens, 24, "request {}", q.id);
+    }
+    let got: BTreeMap<u32, &Vec<u32>> = r.report.outputs.iter().map(|(q, t)| (*q, t)).collect();
+    assert_eq!(r.report.outputs.len(), 32, "one output per request");
+    assert_eq!(got, expected);
 }

@@ -98,6 +98,7 @@ impl Actor<Msg> for Chaos {
     fn handle(&mut self, msg: Msg, ctx: &mut dyn Context<Msg>) {
         match msg {
             Msg::Inject(i) => self.inject(i as usize, ctx),
+            Msg::ActorLost(_) => {}
             other => unexpected(&mut self.violations, "fault injector", &other),
         }
     }

@@ -19,9 +19,13 @@
 //! little-endian f32 ([`super::wire::WireKv`]). Writes, placement changes and lookups are
 //! actor messages and travel as such ([`super::wire`]).
 //!
-//! **Limits.** Serving runs across processes have no failover yet: a lost node's requests
-//! stay unfinished and the run ends with what finished (the pipeline's shards are placed
-//! again; see [`crate::pipeline::cluster`]). Instances of one process share its device lock
+//! **A lost process.** Its actors are placed again, empty, and every actor hears of it
+//! ([`Msg::ActorLost`]): the router runs the lost instances' requests again (counted as
+//! failovers), the metadata service forgets the lost stores' tensors, and loads in flight from
+//! the process fail and are recomputed. Outputs travel to the router as requests end
+//! ([`Msg::Output`]), so none is lost with an instance (docs/live.md, "A lost process").
+//!
+//! **Limits.** Instances of one process share its device lock
 //! (`serving.shared_device`); processes on one machine share its cores without one.
 //!
 //! [`Frame::Read`]: crate::live::wire::Frame::Read

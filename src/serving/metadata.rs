@@ -68,6 +68,15 @@ impl Metadata {
         }
     }
 
+    /// The store of `node` lost every tensor: forgotten, and its later plans carry a new
+    /// epoch.
+    fn store_lost(&mut self, node: u32, ctx: &mut dyn Context<Msg>) {
+        self.losses += 1;
+        self.lost(node);
+        self.dir.lose_node(node);
+        self.dispatch(None, ctx);
+    }
+
     /// Sends each server its share of the directory's changes since the last call; the
     /// writer `written` (a node and the tensors its write brought) hears even of none.
     fn dispatch(&mut self, written: Option<(u32, &[TensorId])>, ctx: &mut dyn Context<Msg>) {
@@ -125,17 +134,16 @@ impl Actor<Msg> for Metadata {
                 if !self.down.contains(&node) {
                     self.down.push(node);
                 }
-                self.losses += 1;
-                self.lost(node);
-                self.dir.lose_node(node);
-                self.dispatch(None, ctx);
+                self.store_lost(node, ctx);
             }
-            Msg::StoreLost(node) => {
-                self.losses += 1;
-                self.lost(node);
-                self.dir.lose_node(node);
-                self.dispatch(None, ctx);
+            // A store server lost with its process and placed again, empty: as a store
+            // restart. Any other lost actor holds nothing of the directory's.
+            Msg::ActorLost(a) => {
+                if let Some(node) = self.servers.iter().position(|&s| s == a) {
+                    self.store_lost(node as u32, ctx);
+                }
             }
+            Msg::StoreLost(node) => self.store_lost(node, ctx),
             Msg::Insert {
                 chain,
                 node,

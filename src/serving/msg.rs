@@ -65,6 +65,24 @@ pub enum Msg {
     StoreLost(u32),
     /// The fault injector's own timer: inject fault `i` of its list now.
     Inject(u32),
+    /// Instance -> router, on real backends only: the tokens a request generated and its
+    /// first token's logits, sent just before its [`Msg::Finished`]. The client receives the
+    /// tokens; the router keeps them for the output check, so they outlive the instance's
+    /// process.
+    Output(Box<Output>),
+    /// To every actor of a run across processes: this actor was lost with its process and has
+    /// been placed again, built anew with nothing of its state ([`crate::live::cluster`]).
+    ActorLost(ActorId),
+}
+
+/// What a request generated on a real backend (see [`Msg::Output`]).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Output {
+    pub req: ReqId,
+    pub instance: u32,
+    pub tokens: Vec<u32>,
+    /// The logits of the first output token; empty when not kept.
+    pub first_logits: Vec<f32>,
 }
 
 /// What a store server applies to its memory after a placement decision.

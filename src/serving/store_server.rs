@@ -54,6 +54,8 @@ impl Actor<Msg> for StoreServer {
         }
         match msg {
             Msg::Crash => self.crashed = true,
+            // Another actor's process was lost: the metadata service accounts for stores.
+            Msg::ActorLost(_) => {}
             // A restart loses the tensors, which the metadata service keeps track of; the
             // server itself holds no state but their bytes.
             Msg::StoreLost(_) => {

@@ -4,7 +4,7 @@
 //! A message is the [postcard] serialization (postcard 1.x: varint integers, length-prefixed
 //! sequences, enums as a varint variant index, structs as their fields in order) of the
 //! mirror enum `WireMsg` below. Its small values are the serving system's own types
-//! ([`Completion`], [`Lookup`], [`LoadPlan`] with its
+//! ([`Completion`], [`Output`], [`Lookup`], [`LoadPlan`] with its
 //! [`crate::serving::store::directory::LoadGroup`]s, [`Applied`] with its
 //! [`crate::serving::store::directory::Change`]s), whose field and variant orders in their
 //! files are part of the format. K/V travels as [`WireKv`]:
@@ -27,7 +27,7 @@ use ndarray::Array5;
 use serde::{Deserialize, Serialize};
 
 use super::Msg;
-use super::msg::{Applied, Completion, Lookup};
+use super::msg::{Applied, Completion, Lookup, Output};
 use super::store::directory::{LoadPlan, TensorId};
 use super::store::memory::KvData;
 use crate::actor::ActorId;
@@ -65,6 +65,8 @@ enum WireMsg {
     NodeDown(u32),
     StoreLost(u32),
     Inject(u32),
+    Output(Output),
+    ActorLost(u32),
 }
 
 /// A store tensor's K/V on the wire (see the module doc).
@@ -201,6 +203,8 @@ fn to_wire(m: &Msg) -> WireMsg {
         Msg::NodeDown(n) => WireMsg::NodeDown(*n),
         Msg::StoreLost(n) => WireMsg::StoreLost(*n),
         Msg::Inject(i) => WireMsg::Inject(*i),
+        Msg::Output(o) => WireMsg::Output((**o).clone()),
+        Msg::ActorLost(a) => WireMsg::ActorLost(a.0),
     }
 }
 
@@ -252,6 +256,8 @@ fn from_wire(w: WireMsg) -> Result<Msg, WireError> {
         WireMsg::NodeDown(n) => Msg::NodeDown(n),
         WireMsg::StoreLost(n) => Msg::StoreLost(n),
         WireMsg::Inject(i) => Msg::Inject(i),
+        WireMsg::Output(o) => Msg::Output(Box::new(o)),
+        WireMsg::ActorLost(a) => Msg::ActorLost(ActorId(a)),
     })
 }
 
@@ -266,10 +272,10 @@ impl WireMessage for Msg {
         from_wire(crate::live::wire::postcard_whole(bytes)?)
     }
 
-    /// Serving runs across processes have no failover yet: a lost node's requests stay
-    /// unfinished (see [`super::cluster`]).
-    fn lost(_actor: ActorId) -> Option<Msg> {
-        None
+    /// Every actor hears of a lost one: the router runs the lost instance's requests again,
+    /// the metadata service forgets the lost store's tensors (see [`super::cluster`]).
+    fn lost(actor: ActorId) -> Option<Msg> {
+        Some(Msg::ActorLost(actor))
     }
 
     fn describe(&self) -> String {
@@ -405,6 +411,13 @@ mod tests {
             Msg::NodeDown(1),
             Msg::StoreLost(0),
             Msg::Inject(2),
+            Msg::Output(Box::new(Output {
+                req: ReqId(12),
+                instance: 3,
+                tokens: vec![7, 0, u32::MAX],
+                first_logits: vec![0.25, -1.5, f32::MAX],
+            })),
+            Msg::ActorLost(ActorId(9)),
         ]
     }
 

@@ -4,7 +4,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A `meshsim node` child process and what it printed.
 pub struct Node {
@@ -80,4 +80,25 @@ pub fn cookie(dir: &Path, name: &str, text: &str) -> PathBuf {
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
     }
     p
+}
+
+/// A thread that kills `node` (SIGKILL) `after` it next starts a run's actors (a
+/// few tokens into the generation, for a few hundred milliseconds).
+pub fn kill_when_started(node: &Node, after: Duration) -> std::thread::JoinHandle<()> {
+    let log = Arc::clone(&node.log);
+    let before = node.log().matches("actors started").count();
+    let pid = node.child.id();
+    std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while log.lock().unwrap().matches("actors started").count() == before {
+            assert!(
+                Instant::now() < deadline,
+                "the run never started on the node"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(after);
+        // SAFETY: signalling our own child process.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    })
 }

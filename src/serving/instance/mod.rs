@@ -85,7 +85,7 @@ use std::sync::Arc;
 use running::Running;
 
 use super::kv::{BlockPool, Blocks};
-use super::msg::{Completion, Lookup, Msg};
+use super::msg::{Completion, Lookup, Msg, Output};
 use crate::actor::{Actor, ActorId, Context, Hot, Medium, Work, unexpected};
 use crate::backend::{BatchBackend, LoadItem, Member, Sampled};
 use crate::hardware::Place;
@@ -281,8 +281,6 @@ pub struct Instance {
     stale_loads: BTreeMap<ReqId, u32>,
     /// Load groups that failed (their source lost its memory mid-read).
     failed_loads: u64,
-    outputs: Vec<(u32, Vec<u32>)>,
-    first_logits: Vec<(u32, Vec<f32>)>,
 }
 
 /// Most sequences an instance makes room for in its batch when it is built (`max_num_seqs` if
@@ -393,8 +391,6 @@ impl Instance {
             failed_loads: 0,
             stale_loads: BTreeMap::new(),
             real: backend.real(),
-            outputs: Vec::new(),
-            first_logits: Vec::new(),
             spare: Spare::default(),
             backend,
         }
@@ -540,6 +536,9 @@ impl Actor<Msg> for Instance {
             Msg::NodeDown(node) | Msg::StoreLost(node) => self.store_lost(node, ctx),
             Msg::Loaded(req) => self.loaded(req, ctx),
             Msg::LoadFailed(req) => self.load_failed(req, ctx),
+            // Another actor's process was lost: a load from it fails as its read does (a
+            // plan naming it reads from the empty store that replaced it, and recomputes).
+            Msg::ActorLost(_) => {}
             other => {
                 let me = format!("instance {}", self.index);
                 unexpected(&mut self.violations, &me, &other)
@@ -571,10 +570,6 @@ impl Actor<Msg> for Instance {
     fn report(&mut self, report: &mut Report) {
         report.violations.extend(self.violations.iter().cloned());
         report.failed_loads += self.failed_loads;
-        report.outputs.extend(self.outputs.iter().cloned());
-        report
-            .first_logits
-            .extend(self.first_logits.iter().cloned());
         if self.crashed {
             // Its state stopped at the crash; the router accounted for its requests.
             report.instances.push(self.stats());

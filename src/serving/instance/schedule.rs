@@ -424,11 +424,13 @@ impl Instance {
                     seq.output_len
                 ));
             }
-            self.outputs
-                .push((seq.req.0, std::mem::take(&mut seq.cold.out)));
-            if let Some(l) = seq.cold.first_logits.take() {
-                self.first_logits.push((seq.req.0, l));
-            }
+            let output = Output {
+                req: seq.req,
+                instance: self.index,
+                tokens: std::mem::take(&mut seq.cold.out),
+                first_logits: seq.cold.first_logits.take().unwrap_or_default(),
+            };
+            ctx.send(self.router, Msg::Output(Box::new(output)), 0);
         }
         ctx.send(
             self.router,

@@ -13,13 +13,17 @@
 //! is sent to a live instance (chosen as any other, and counted in `Report::failovers`); one
 //! that has is failed with the reason, as is any request when no live instance is left.
 //! Messages that a crashed instance sent before it crashed are ignored when they arrive.
+//! In a run across processes, an instance lost with its process is placed again, empty
+//! ([`Msg::ActorLost`]): every request it held runs again, streamed or not, and keeps its first
+//! token's time. On real backends the router keeps each request's tokens ([`Msg::Output`]).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::Msg;
 use super::kv::prompt_hashes::PromptHashes;
 use super::kv_routing::KvRouting;
-use super::msg::Completion;
+use super::msg::{Completion, Output};
 use crate::actor::{Actor, ActorId, Context, unexpected};
 use crate::metrics::{Report, RequestRecord};
 use crate::units::Nanos;
@@ -76,6 +80,11 @@ pub struct Router {
     kv: Option<KvRouting>,
     /// The prompts' block hashes (`kv-aware` only; a memo shared by the actors).
     hashes: Option<Arc<PromptHashes>>,
+    /// Real backends: what each completed request generated ([`Msg::Output`]), by request.
+    outputs: BTreeMap<u32, Output>,
+    /// Requests run again after their instance was lost past their first token: the first
+    /// token of the new run is not the request's first (bounded by the trace).
+    streamed_again: BTreeSet<u32>,
 }
 
 impl Router {
@@ -112,6 +121,8 @@ impl Router {
             reported: false,
             kv: None,
             hashes: None,
+            outputs: BTreeMap::new(),
+            streamed_again: BTreeSet::new(),
         }
     }
 
@@ -223,6 +234,36 @@ impl Router {
         }
     }
 
+    /// Instance `i` was lost with its process and placed again, empty (a run across
+    /// processes): every request it held is run again, on whichever instance the strategy
+    /// picks now, and counted as a failover. One that had streamed its first token keeps it
+    /// (the client has it); its output is the new run's, whole.
+    fn instance_lost(&mut self, i: usize, ctx: &mut dyn Context<Msg>) {
+        self.flush();
+        if let Some(kv) = &mut self.kv {
+            kv.lost(i);
+        }
+        // Bounded by the trace: the records of the instance's requests in flight.
+        let again: Vec<(ReqId, bool)> = self
+            .records
+            .iter()
+            .filter(|r| r.end.is_none() && !r.rejected && r.failed.is_none())
+            .filter(|r| self.assigned[r.id as usize] == i as u32)
+            .map(|r| (ReqId(r.id), r.first_token.is_some()))
+            .collect();
+        self.in_flight -= self.outstanding[i] as u64;
+        self.outstanding[i] = 0;
+        for (req, streamed) in again {
+            self.failovers += 1;
+            self.assigned[req.0 as usize] = NONE;
+            if streamed {
+                self.streamed_again.insert(req.0);
+            }
+            let reason = format!("instance {i} was lost; no live instance left");
+            self.dispatch(req, &reason, ctx);
+        }
+    }
+
     /// Whether a message from instance `i` about `req` is current (not from a crashed
     /// instance, or about a request since sent elsewhere or failed). Reads no record: at
     /// cluster scale the record of a request that has been running for seconds is cold, and
@@ -296,6 +337,8 @@ impl Actor<Msg> for Router {
                 self.dispatch(req, "no live instance", ctx);
                 self.schedule_arrival(req.0 + 1, ctx);
             }
+            Msg::FirstToken(req, i)
+                if self.current(req, i) && self.streamed_again.remove(&req.0) => {}
             Msg::FirstToken(req, i) if self.current(req, i) => {
                 // The token's bytes are counted with the record's (`Router::report`).
                 self.firsts.push((req, ctx.now()));
@@ -317,6 +360,15 @@ impl Actor<Msg> for Router {
             // Sent by an instance before it crashed: the request has moved on.
             Msg::FirstToken(..) | Msg::Finished(_) | Msg::Rejected(..) => {}
             Msg::NodeDown(node) => self.node_down(node, ctx),
+            Msg::Output(o) if self.known(o.req) && self.current(o.req, o.instance) => {
+                self.outputs.insert(o.req.0, *o);
+            }
+            Msg::Output(_) => {}
+            Msg::ActorLost(a) => {
+                if let Some(i) = self.instances.iter().position(|&x| x == a) {
+                    self.instance_lost(i, ctx);
+                }
+            }
             other => unexpected(&mut self.violations, "router", &other),
         }
     }
@@ -373,6 +425,12 @@ impl Actor<Msg> for Router {
             report.records.extend(records);
         }
         report.failovers += self.failovers;
+        for (id, o) in std::mem::take(&mut self.outputs) {
+            report.outputs.push((id, o.tokens));
+            if !o.first_logits.is_empty() {
+                report.first_logits.push((id, o.first_logits));
+            }
+        }
     }
 }
 
@@ -397,203 +455,4 @@ fn write_pending(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::actor::{Context, Then, Work};
-    use crate::metrics::Tier;
-    use crate::rng::Stream;
-    use crate::workload::{Request, TokenArena};
-
-    /// A context that keeps what the router sends and the timers it sets.
-    struct Script {
-        now: Nanos,
-        sent: Vec<(ActorId, Msg)>,
-        timers: Vec<Msg>,
-        rng: Stream,
-    }
-
-    impl Context<Msg> for Script {
-        fn now(&self) -> Nanos {
-            self.now
-        }
-        fn me(&self) -> ActorId {
-            ActorId(0)
-        }
-        fn send(&mut self, to: ActorId, msg: Msg, _: u64) {
-            self.sent.push((to, msg));
-        }
-        fn timer(&mut self, _: Nanos, msg: Msg) {
-            self.timers.push(msg);
-        }
-        fn start_then(&mut self, work: Work, _: Then<Msg>) {
-            panic!("the router starts no work: {work:?}");
-        }
-        fn rng(&mut self) -> &mut Stream {
-            &mut self.rng
-        }
-    }
-
-    /// `n` requests of 10 + i prompt tokens and 3 + i % 4 output tokens.
-    fn trace(n: u32) -> Arc<Trace> {
-        let mut arena = TokenArena::default();
-        let requests = (0..n)
-            .map(|i| Request {
-                arrival: Nanos(u64::from(i) * 10),
-                segments: vec![arena.push(0..10 + i)],
-                prompt_tokens: 10 + i,
-                output_tokens: 3 + i % 4,
-                context: 0,
-            })
-            .collect();
-        Arc::new(Trace {
-            arena,
-            requests,
-            contexts: 1,
-        })
-    }
-
-    /// Runs a fixed story of 12 requests on 4 instances (two per node) with a router that
-    /// keeps at most `limit` first tokens and ends before writing them into its records:
-    /// arrivals, first tokens and ends in a scrambled order, a node going down in the middle
-    /// (a request that streamed fails, the others fail over), and a stale message from the
-    /// node that went down.
-    fn story(limit: usize) -> Report {
-        let mut router = story_router(limit);
-        let mut report = Report::default();
-        router.report(&mut report);
-        report
-    }
-
-    /// The router at the end of [`story`], before its report.
-    fn story_router(limit: usize) -> Router {
-        let n = 12;
-        let instances: Vec<ActorId> = (1..=4).map(ActorId).collect();
-        let mut router = Router::new(
-            trace(n),
-            instances,
-            vec![0, 0, 1, 1],
-            RouterStrategy::RoundRobin,
-        );
-        router.pending_limit = limit;
-        let mut ctx = Script {
-            now: Nanos::ZERO,
-            sent: Vec::new(),
-            timers: Vec::new(),
-            rng: Stream::new(1, 1),
-        };
-        let at = |router: &Router, r: u32| router.assigned[r as usize];
-        for r in 0..n {
-            ctx.now = Nanos(u64::from(r) * 10);
-            router.handle(Msg::Arrival(ReqId(r)), &mut ctx);
-        }
-        let finish = |router: &mut Router, ctx: &mut Script, r: u32, t: u64| {
-            ctx.now = Nanos(t);
-            let c = Completion {
-                req: ReqId(r),
-                instance: at(router, r),
-                admitted_at: Nanos(t / 2),
-                reused: [r; Tier::ALL.len()],
-                loaded_bytes: [u64::from(r) * 7; Tier::ALL.len()],
-                preemptions: r % 3,
-            };
-            router.handle(Msg::Finished(Box::new(c)), ctx);
-        };
-        let first = |router: &mut Router, ctx: &mut Script, r: u32, t: u64| {
-            ctx.now = Nanos(t);
-            let i = at(router, r);
-            router.handle(Msg::FirstToken(ReqId(r), i), ctx);
-        };
-        for (k, r) in [5u32, 0, 7, 2, 9, 4, 1].into_iter().enumerate() {
-            first(&mut router, &mut ctx, r, 200 + k as u64);
-        }
-        for (k, r) in [7u32, 0, 4].into_iter().enumerate() {
-            finish(&mut router, &mut ctx, r, 300 + k as u64);
-        }
-        // Node 0 (instances 0 and 1) goes down: requests 1, 5 and 9 streamed and fail (on
-        // instance 1); 8 failed over; 0 and 4 had ended.
-        let stale = at(&router, 5);
-        ctx.now = Nanos(400);
-        router.handle(Msg::NodeDown(0), &mut ctx);
-        router.handle(Msg::FirstToken(ReqId(5), stale), &mut ctx);
-        for (k, r) in [3u32, 8, 6, 10, 11].into_iter().enumerate() {
-            first(&mut router, &mut ctx, r, 500 + k as u64);
-        }
-        for (k, r) in [2u32, 11, 3, 8, 6, 10].into_iter().enumerate() {
-            finish(&mut router, &mut ctx, r, 600 + k as u64);
-        }
-        router
-    }
-
-    #[test]
-    fn a_second_report_says_the_records_went_with_the_first() {
-        let mut router = story_router(3);
-        let mut first = Report::default();
-        router.report(&mut first);
-        assert_eq!(first.records.len(), 12);
-        assert!(first.violations.is_empty(), "{:?}", first.violations);
-        let mut second = Report::default();
-        router.report(&mut second);
-        assert!(second.records.is_empty());
-        assert_eq!(
-            second.violations,
-            ["router: asked for its report twice (its records went with the first)"]
-        );
-    }
-
-    #[test]
-    fn records_are_the_same_whenever_pending_first_tokens_and_ends_are_written() {
-        let all_at_the_end = story(usize::MAX);
-        assert!(
-            all_at_the_end.violations.is_empty(),
-            "{:?}",
-            all_at_the_end.violations
-        );
-        for limit in [1, 2, 3, 5] {
-            let r = story(limit);
-            assert_eq!(r.records, all_at_the_end.records, "limit {limit}");
-            assert_eq!(r.failovers, all_at_the_end.failovers, "limit {limit}");
-        }
-        let records = &all_at_the_end.records;
-        assert_eq!(records.len(), 12);
-        for r in records {
-            let prompt = TOKEN_ID_BYTES * u64::from(r.prompt_tokens);
-            match r.id {
-                // Ended: the prompt, then every output token.
-                0 | 2 | 3 | 4 | 6 | 7 | 8 | 10 | 11 => {
-                    let failed_over = u64::from(r.id == 8);
-                    let want =
-                        prompt * (1 + failed_over) + TOKEN_ID_BYTES * u64::from(r.output_tokens);
-                    assert_eq!(r.network_bytes, want, "{r:?}");
-                    assert_eq!(
-                        r.end,
-                        Some(Nanos(match r.id {
-                            7 => 300,
-                            0 => 301,
-                            4 => 302,
-                            2 => 600,
-                            11 => 601,
-                            3 => 602,
-                            8 => 603,
-                            6 => 604,
-                            _ => 605,
-                        })),
-                        "{r:?}"
-                    );
-                    assert_eq!(r.preemptions, r.id % 3);
-                    assert_eq!(r.reused, [r.id; Tier::ALL.len()]);
-                    assert_eq!(r.admitted, r.end.map(|t| Nanos(t.0 / 2)));
-                    assert!(r.failed.is_none());
-                }
-                // Streamed on node 0, then failed with it: the prompt and the first token;
-                // the stale first token of 5 changed nothing.
-                1 | 5 | 9 => {
-                    assert_eq!(r.network_bytes, prompt + TOKEN_ID_BYTES, "{r:?}");
-                    assert!(r.failed.is_some() && r.end.is_none(), "{r:?}");
-                    assert!(r.first_token.is_some_and(|t| t.0 < 300), "{r:?}");
-                }
-                _ => unreachable!(),
-            }
-        }
-        assert_eq!(all_at_the_end.failovers, 1);
-    }
-}
+mod tests;
