@@ -8,6 +8,10 @@
 //! the eviction order), the insert outcomes and replica counts, the stored tensors with
 //! owner and tier, the replicas on every node, the bytes per cache, and every load plan.
 //!
+//! A second property test mixes in read leases (each lookup that plans a load leases its
+//! stored prefix; time passes between steps, so leases expire) and the loss of a node's
+//! store, and compares every tensor's lease too; two hand-computed scenarios pin both down.
+//!
 //! Among the checks: adding replicas never evicts an ancestor of the batch
 //! ([`adding_replicas_never_evicts_an_ancestor_of_the_batch`]), and the oracle's shrunk case
 //! for it is kept in the regressions file.
@@ -40,12 +44,22 @@ enum Op {
         from: usize,
         node: u32,
     },
+    /// The store of `node` is lost (its server crashed or restarted).
+    Lose {
+        node: u32,
+    },
+    /// Time passes: leases granted before may expire.
+    Advance {
+        ns: u64,
+    },
 }
 
 /// The real directory and the oracle side by side.
 struct Pair {
     d: Directory,
     o: Oracle,
+    /// The time of the operations (ns).
+    now: u64,
 }
 
 impl Pair {
@@ -56,7 +70,32 @@ impl Pair {
         Pair {
             d,
             o: Oracle::new(p),
+            now: 0,
         }
+    }
+
+    /// The same, with read leases of `lease_ns`.
+    fn with_lease(p: StoreParams, lease_ns: u64) -> Pair {
+        let mut pair = Pair::new(p);
+        pair.d.set_lease(lease_ns);
+        pair.o.set_lease(lease_ns);
+        pair
+    }
+
+    fn lose(&mut self, node: u32) -> Result<Vec<StoreEvent>, TestCaseError> {
+        prop_assert_eq!(
+            self.d.lose_node(node),
+            self.o.lose_node(node),
+            "tensors lost"
+        );
+        self.compare()
+    }
+
+    fn advance(&mut self, ns: u64) -> Result<Vec<StoreEvent>, TestCaseError> {
+        self.now += ns;
+        self.d.set_now(self.now);
+        self.o.set_now(self.now);
+        self.compare()
     }
 
     /// Each step returns the events it recorded (after comparing them).
@@ -111,6 +150,8 @@ impl Pair {
                 let q = chain(prompt);
                 self.add_replicas(*node, &q[(*from).min(q.len())..])
             }
+            Op::Lose { node } => self.lose(*node),
+            Op::Advance { ns } => self.advance(*ns),
         }
     }
 
@@ -134,6 +175,7 @@ impl Pair {
                 "tensor {:#x}",
                 id
             );
+            prop_assert_eq!(self.d.leased(id), self.o.leased(id), "lease of {:#x}", id);
         }
         for n in 0..self.o.p.nodes {
             let reps: Vec<TensorId> = self.o.replicas[n as usize].keys().copied().collect();
@@ -164,6 +206,15 @@ fn op(nodes: u32, pool: Vec<Vec<u8>>) -> impl Strategy<Value = Op> {
             from,
             node
         }),
+    ]
+}
+
+/// [`op`], with losses of a node's store and time passing among them.
+fn timed_op(nodes: u32, pool: Vec<Vec<u8>>) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => op(nodes, pool),
+        1 => (0..nodes).prop_map(|node| Op::Lose { node }),
+        3 => (0u64..30).prop_map(|ns| Op::Advance { ns }),
     ]
 }
 
@@ -233,6 +284,92 @@ proptest! {
             pair.run(op)?;
         }
     }
+
+    #[test]
+    fn the_directory_decides_like_the_oracle_with_leases_and_node_losses(
+        (p, lease, ops) in (
+            params(),
+            // Leases that expire within a few steps, and one that outlives the case.
+            prop_oneof![Just(5u64), Just(20), Just(1_000_000)],
+            prop::collection::vec(prop::collection::vec(0u8..3, 1..7), 4),
+        )
+            .prop_flat_map(|(p, lease, pool)| {
+                let n = p.nodes;
+                (Just(p), Just(lease), prop::collection::vec(timed_op(n, pool), 1..60))
+            })
+    ) {
+        let mut pair = Pair::with_lease(p, lease);
+        for op in &ops {
+            pair.run(op)?;
+        }
+    }
+}
+
+/// One node with room for one owned tensor and no SSD; leases of 10 ns. A lookup of A at 0
+/// leases it until 10: storing B at 5 would have to demote A, and is refused; at 10 the lease
+/// has expired, and storing B demotes A, which the SSD cannot take: A is dropped.
+#[test]
+fn a_read_lease_holds_a_tensor_until_it_expires_in_both_directory_and_oracle() {
+    let mut p = scenario_params(Eviction::Lru);
+    p.host_capacity = 10;
+    p.ssd_capacity = 0;
+    let [a, b] = [[0u8], [1]].map(|s| chain(&s)[0]);
+    let mut pair = Pair::with_lease(p, 10);
+    pair.insert(&[0], 0).unwrap();
+    pair.lookup(&[0], 0, 0).unwrap();
+    assert!(pair.d.leased(a));
+    pair.advance(5).unwrap();
+    assert!(pair.d.leased(a));
+    let refused = StoreEvent::Refused { node: 0, index: 0 };
+    assert_eq!(pair.insert(&[1], 0).unwrap(), vec![refused]);
+    pair.advance(5).unwrap();
+    assert!(!pair.d.leased(a), "the lease ends by itself");
+    assert_eq!(
+        pair.insert(&[1], 0).unwrap(),
+        vec![
+            StoreEvent::Demoted { node: 0, index: 0 },
+            StoreEvent::Dropped {
+                node: 0,
+                index: 0,
+                id: a
+            },
+            StoreEvent::Stored {
+                node: 0,
+                index: 0,
+                id: b
+            },
+        ]
+    );
+}
+
+/// Node 1 owns x = [0, 0]; node 0 extends it with y = [0, 0, 1] and, after one remote read,
+/// holds replicas of both tensors of x; node 1 holds a replica of z = [2], owned by node 0.
+/// When node 1's store is lost, x goes with y (unreachable without its prefix) and node 0's
+/// replicas of x; node 1's replica of z goes, z stays with its owner.
+#[test]
+fn a_lost_nodes_tensors_and_replicas_are_gone_in_both_directory_and_oracle() {
+    let mut pair = Pair::new(replication_params());
+    let (x, y, z) = (chain(&[0, 0]), chain(&[0, 0, 1]), chain(&[2]));
+    pair.insert(&[0, 0], 1).unwrap();
+    pair.insert(&[0, 0, 1], 0).unwrap();
+    pair.insert(&[2], 0).unwrap();
+    pair.lookup(&[0, 0], 0, 0).unwrap();
+    pair.lookup(&[2], 0, 1).unwrap();
+    assert_eq!(pair.d.replicas_on(0), sorted(&x));
+    assert_eq!(pair.d.replicas_on(1), z);
+    let dropped = |node, index, id| StoreEvent::Dropped { node, index, id };
+    let mut events = pair.lose(1).unwrap();
+    events.sort_by_key(|e| format!("{e:?}"));
+    let mut want = vec![
+        dropped(1, 0, x[0]),
+        dropped(1, 1, x[1]),
+        dropped(0, 2, y[2]),
+    ];
+    want.sort_by_key(|e| format!("{e:?}"));
+    assert_eq!(events, want);
+    assert!(pair.d.replicas_on(0).is_empty() && pair.d.replicas_on(1).is_empty());
+    assert_eq!(pair.d.location(z[0]), Some((0, Location::Host)));
+    assert_eq!(pair.d.lookup(&y, 0, 0).stored_chunks, 0);
 }
 
 fn scenario_params(eviction: Eviction) -> StoreParams {

@@ -13,7 +13,10 @@
 //! the SSD is full, and dropping the demoted tensor itself when nothing on SSD may go;
 //! lookups served by the reader's replica first, one access to the serving copy per planned
 //! tensor (last to first); replication after `replicate_after_reads` remote reads; regions
-//! and their consolidation.
+//! and their consolidation; read leases (a lookup that plans a load leases its whole stored
+//! prefix until `now + lease`, and a leased tensor is no victim in any tier, its replicas
+//! included); the loss of a node's store (its replicas gone, every tensor it owned dropped
+//! with its subtree, its remote-read counts forgotten).
 //!
 //! It is deliberately built differently from the directory: plain `BTreeMap`s, no queues,
 //! heaps or counters. Every decision is recomputed by brute force: leaves by scanning all
@@ -30,7 +33,10 @@
 //! - remote-read counts are forgotten when the reader gets the replica or the tensor is
 //!   dropped, not when the replica is evicted;
 //! - the ticks of LRU advance once per stored tensor, per planned tensor of a lookup and per
-//!   added replica (demotions keep their tick and frequency, and take the SSD clock).
+//!   added replica (demotions keep their tick and frequency, and take the SSD clock);
+//! - a lease is set to `now + lease` by each lookup that plans a load, not extended to the
+//!   later of two expiries; a node's loss drops the tensors it owned in the order of their
+//!   ids, each with its subtree, and leaves the tiers' GDSF clocks where they were.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
@@ -77,6 +83,8 @@ pub struct OTensor {
     region: u64,
     born: u64,
     hist: History,
+    /// Until when (ns) a read lease holds it; 0: never leased.
+    lease_until: u64,
 }
 
 /// The reference model.
@@ -94,6 +102,9 @@ pub struct Oracle {
     owned_regions: u64,
     replica_regions: u64,
     tick: u64,
+    /// The read lease a lookup grants, and the time of the operations (ns).
+    lease_ns: u64,
+    now: u64,
     pub events: Vec<StoreEvent>,
 }
 
@@ -110,8 +121,49 @@ impl Oracle {
             owned_regions: 0,
             replica_regions: 0,
             tick: 0,
+            lease_ns: 0,
+            now: 0,
             events: Vec::new(),
         }
+    }
+
+    pub fn set_lease(&mut self, ns: u64) {
+        self.lease_ns = ns;
+    }
+
+    /// Time never goes back.
+    pub fn set_now(&mut self, now: u64) {
+        self.now = self.now.max(now);
+    }
+
+    /// Whether `id` is stored and its lease has not expired.
+    pub fn leased(&self, id: TensorId) -> bool {
+        self.tensors
+            .get(&id)
+            .is_some_and(|t| t.lease_until > self.now)
+    }
+
+    /// The loss of `node`'s store: its replicas, and every tensor it owned with all that
+    /// extends it. Returns the tensors lost.
+    pub fn lose_node(&mut self, node: u32) -> u64 {
+        let Some(replicas) = self.replicas.get_mut(node as usize) else {
+            return 0;
+        };
+        replicas.clear();
+        self.reads[node as usize].clear();
+        let before = self.tensors.len();
+        let owned: Vec<TensorId> = self
+            .tensors
+            .iter()
+            .filter(|(_, t)| t.owner == node)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in owned {
+            if self.tensors.contains_key(&id) {
+                self.drop_tree(id);
+            }
+        }
+        (before - self.tensors.len()) as u64
     }
 
     fn next_tick(&mut self) -> u64 {
@@ -247,6 +299,7 @@ impl Oracle {
                         clock,
                         value,
                     },
+                    lease_until: 0,
                 },
             );
             self.events.push(StoreEvent::Stored {
@@ -279,6 +332,7 @@ impl Oracle {
                     t.owner == node
                         && t.loc == Location::Host
                         && !pinned.contains(&id)
+                        && !self.leased(id)
                         && self.is_leaf(id)
                 })
                 .map(|(&id, t)| (id, t.hist))
@@ -305,6 +359,7 @@ impl Oracle {
                         && t.loc == Location::Ssd
                         && v != id
                         && !pinned.contains(&v)
+                        && !self.leased(v)
                         && self.is_leaf(v)
                 })
                 .map(|(&v, t)| (v, t.hist))
@@ -364,6 +419,12 @@ impl Oracle {
         };
         if k <= skip {
             return plan;
+        }
+        if self.lease_ns > 0 {
+            let until = self.now + self.lease_ns;
+            for id in &chain[..k] {
+                self.tensors.get_mut(id).expect("stored prefix").lease_until = until;
+            }
         }
         let r = reader as usize;
         // The copy that serves each planned tensor: the reader's replica first.
@@ -466,7 +527,9 @@ impl Oracle {
         while (self.replicas[n].len() + wanted.len()) as u64 * b > capacity {
             let cands = self.replicas[n]
                 .iter()
-                .filter(|&(id, _)| !keep.contains(id) && self.is_replica_leaf(node, *id))
+                .filter(|&(id, _)| {
+                    !keep.contains(id) && !self.leased(*id) && self.is_replica_leaf(node, *id)
+                })
                 .map(|(&id, &(_, h))| (id, h))
                 .collect();
             let Some(victim) = self.pick(node, Queue::Replicas, cands) else {
