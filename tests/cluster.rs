@@ -112,6 +112,51 @@ fn pipeline_routes_across_meshsim_node_processes() {
     assert!(started.elapsed() < Duration::from_secs(20));
     assert!(n1.alive());
 
+    // 2a. A peer that is not a meshsim node (here an HTTP server that answers anything with
+    //     a 400 and closes) is named as possibly that, not only as a cookie mismatch.
+    let http = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let http_addr = http.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for mut c in http.incoming().flatten() {
+            let _ = c.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+        }
+    });
+    let text = scenario_text(&[&n1], Some(&good), 4).replace(&n1.addr, &http_addr);
+    let s_http = PipelineScenario::parse("http.toml", "http", Path::new("."), &text).unwrap();
+    let e = rt.block_on(live_all(&s_http)).unwrap_err().to_string();
+    assert!(e.contains("not a `meshsim node`"), "{e}");
+
+    // 2c. A coordinator killed (SIGKILL) in the middle of its run: the node drops that run
+    //     when it sees the connection close, and the next coordinator's run goes ahead at
+    //     once (a node still busy a moment after the kill is asked again, not refused).
+    let file = dir.path().join("killed.toml");
+    std::fs::write(&file, scenario_text(&[&n1], Some(&good), 400)).unwrap();
+    let before = n1.log().matches("actors started").count();
+    let mut coordinator = Command::new(env!("CARGO_BIN_EXE_meshsim"))
+        .args(["run", "--live", "-q", "--out"])
+        .arg(dir.path().join("killed"))
+        .arg(&file)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while n1.log().matches("actors started").count() == before {
+        assert!(
+            Instant::now() < deadline,
+            "the run never started: {}",
+            n1.log()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    coordinator.kill().unwrap();
+    coordinator.wait().unwrap();
+    let next = one(rt
+        .block_on(live_all(&scenario(&[&n1], Some(&good), 4)))
+        .unwrap());
+    assert_eq!(next.report.records.len(), 4);
+    assert!(n1.log().contains("the coordinator is gone"), "{}", n1.log());
+
     // 2b. A node whose frame limit is below the scenario's largest message (a 600-token
     //     prefill's activation, 1.2 MB) is refused before the run, naming the flag to give.
     let mut small = Node::start_with(&good, &["--max-frame-mib", "1"]);

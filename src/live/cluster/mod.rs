@@ -78,6 +78,10 @@ const AGENTS: &str = "meshsim/agents";
 const FRAME_QUEUE: usize = 4096;
 /// How long to wait for a peer to connect, authenticate and show its agent.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a coordinator keeps asking a node that says it is busy with another coordinator's
+/// run: a node drops the run of a coordinator that is gone as soon as it sees its connection
+/// close, which can take a moment after a kill.
+const BUSY_GRACE: Duration = Duration::from_secs(10);
 /// How long to wait for a node to build its actors (model weights among them).
 const SETUP_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long to wait for nodes to drop a run that ended.

@@ -282,8 +282,8 @@ impl Net {
                 } = ev;
                 if peer_addr == sa.to_string() && !authenticated {
                     return Err(format!(
-                        "node {addr} closed the connection during authentication: is its \
-                         cookie the same as ours?"
+                        "node {addr} closed the connection during authentication: either it \
+                         is not a `meshsim node`, or its cookie differs from ours"
                     ));
                 }
             }
@@ -298,7 +298,9 @@ impl Net {
             }
             if Instant::now() > deadline {
                 return Err(format!(
-                    "node {addr} did not authenticate within {} s: is its cookie the same as ours?",
+                    "node {addr} did not authenticate within {} s: either it is not a \
+                     `meshsim node` (another program listens there), or its cookie differs \
+                     from ours",
                     CONNECT_TIMEOUT.as_secs()
                 ));
             }

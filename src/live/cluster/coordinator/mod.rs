@@ -61,38 +61,29 @@ impl Coordinator {
         let mut nodes = Vec::new();
         for addr in addrs {
             let (_, agent) = net.dial(addr).await.map_err(cfg)?;
-            let nonce = net.incarnation ^ nodes.len() as u64;
-            send_frame(&agent, net.incarnation, &Frame::Hello { nonce }, max_frame)
-                .map_err(|e| cfg(e.to_string()))?;
-            let deadline = Instant::now() + CONNECT_TIMEOUT;
-            let ack = loop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                let Ok(Some(m)) = tokio::time::timeout(left, net.frames.recv()).await else {
-                    return Err(cfg(format!("node {addr} did not answer")));
-                };
-                let AgentMsg::Frame(b) = m else { continue };
-                match decode_frame(&b, max_frame) {
-                    Ok((
-                        inc,
-                        Frame::HelloAck {
-                            nonce: n,
-                            max_frame: theirs,
-                            busy_with,
-                            ..
-                        },
-                    )) if n == nonce => {
-                        break (inc, theirs, busy_with);
+            // A node still busy with the run of a coordinator that is gone drops it once it
+            // sees that coordinator's connection close: ask again for a while before refusing.
+            let busy_until = Instant::now() + BUSY_GRACE;
+            let mut asked = 0u64;
+            let (inc, theirs) = loop {
+                let nonce = net.incarnation ^ ((nodes.len() as u64) << 32) ^ asked;
+                asked += 1;
+                let (inc, theirs, busy) =
+                    Coordinator::hello(net, addr, &agent, nonce, max_frame).await?;
+                match busy {
+                    None => break (inc, theirs),
+                    Some(_) if Instant::now() < busy_until => {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
                     }
-                    Ok(_) => continue,
-                    Err(e) => tracing::warn!("a malformed frame from node {addr}: {e}"),
+                    Some(run) => {
+                        return Err(cfg(format!(
+                            "node {addr} is busy with run {run:016x} of another coordinator \
+                             (still after {} s)",
+                            BUSY_GRACE.as_secs()
+                        )));
+                    }
                 }
             };
-            let (inc, theirs, busy) = ack;
-            if let Some(run) = busy {
-                return Err(cfg(format!(
-                    "node {addr} is busy with run {run:016x} of another coordinator"
-                )));
-            }
             if theirs < max_frame {
                 return Err(cfg(format!(
                     "the scenario's largest message needs frames of {max_frame} bytes; node \
@@ -103,6 +94,41 @@ impl Coordinator {
             nodes.push((inc, addr.clone(), agent, theirs));
         }
         Ok(nodes)
+    }
+
+    /// Says `Hello` to the node at `addr` and waits for its answer: `(incarnation, frame
+    /// limit, the run it is busy with)`.
+    async fn hello(
+        net: &mut Net,
+        addr: &str,
+        agent: &ActorRef<AgentMsg>,
+        nonce: u64,
+        max_frame: u64,
+    ) -> Result<(u64, u64, Option<u64>), LiveError> {
+        let cfg = |e: String| LiveError::Config(e);
+        send_frame(agent, net.incarnation, &Frame::Hello { nonce }, max_frame)
+            .map_err(|e| cfg(e.to_string()))?;
+        let deadline = Instant::now() + CONNECT_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Ok(Some(m)) = tokio::time::timeout(left, net.frames.recv()).await else {
+                return Err(cfg(format!("node {addr} did not answer")));
+            };
+            let AgentMsg::Frame(b) = m else { continue };
+            match decode_frame(&b, max_frame) {
+                Ok((
+                    inc,
+                    Frame::HelloAck {
+                        nonce: n,
+                        max_frame: theirs,
+                        busy_with,
+                        ..
+                    },
+                )) if n == nonce => return Ok((inc, theirs, busy_with)),
+                Ok(_) => continue,
+                Err(e) => tracing::warn!("a malformed frame from node {addr}: {e}"),
+            }
+        }
     }
 
     /// Node addresses, in order (node 1 first).
