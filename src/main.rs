@@ -33,14 +33,14 @@ enum Command {
     Run {
         /// The scenario file (TOML).
         scenario: PathBuf,
-        /// Override the scenario's seed.
-        #[arg(long)]
+        /// Override the scenario's seed (any u64).
+        #[arg(long, allow_negative_numbers = true)]
         seed: Option<u64>,
         /// Write results into this folder instead of results/<name>/.
         #[arg(long)]
         out: Option<PathBuf>,
         /// Threads for running policies in parallel, 1 to 1024 (default: available cores).
-        #[arg(long, value_parser = thread_count)]
+        #[arg(long, value_parser = thread_count, allow_negative_numbers = true)]
         threads: Option<usize>,
         /// Print only errors.
         #[arg(long, short)]
@@ -71,12 +71,12 @@ enum Command {
         /// File whose first line is the cluster's cookie (never passed on the command line).
         #[arg(long, value_name = "FILE")]
         cookie_file: PathBuf,
-        /// Largest frame accepted from a peer, MiB (a run whose largest message is larger is
-        /// refused by its coordinator before it starts).
-        #[arg(long, default_value_t = 64)]
+        /// Largest frame accepted from a peer, MiB, 1 to 4096 (a run whose largest message is
+        /// larger is refused by its coordinator before it starts).
+        #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
         max_frame_mib: u64,
-        /// Model weights the actors placed here may hold, GiB.
-        #[arg(long, default_value_t = 16)]
+        /// Model weights the actors placed here may hold, GiB, 1 to 1048576.
+        #[arg(long, default_value_t = 16, allow_negative_numbers = true)]
         max_memory_gib: u64,
     },
     /// Assemble the partial results folders of `meshsim run --points K/N` (every share of one
@@ -130,14 +130,14 @@ enum Command {
     /// Run many small random scenarios (one per seed) under every policy, with invariants
     /// checked after every event and each simulated twice for determinism.
     Vopr {
-        /// Seeds to run, from --from.
-        #[arg(long, default_value_t = 100)]
+        /// Seeds to run, from --from: 1 to 1000000000.
+        #[arg(long, default_value_t = 100, allow_negative_numbers = true)]
         seeds: u64,
         /// The first seed.
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
         from: u64,
-        /// Run only this seed.
-        #[arg(long)]
+        /// Run only this seed (instead of --seeds from --from).
+        #[arg(long, allow_negative_numbers = true, conflicts_with_all = ["seeds", "from"])]
         seed: Option<u64>,
         /// With --seed: print the seed's scenario file instead of running it.
         #[arg(long, requires = "seed")]

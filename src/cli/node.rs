@@ -45,6 +45,13 @@ fn system(name: &str) -> Option<NodeRunFn> {
     }
 }
 
+/// Largest `--max-frame-mib` (4 GiB): a peer's frame is buffered whole as it arrives, so the
+/// limit is memory that the node may have to hold for one message.
+const MAX_FRAME_MIB: u64 = 4096;
+/// Largest `--max-memory-gib` (1 PiB): beyond it the limit in bytes nears `u64`'s end and
+/// guards nothing.
+const MAX_MEMORY_GIB: u64 = 1 << 20;
+
 pub(crate) fn node(
     listen: &str,
     cookie_file: &Path,
@@ -55,11 +62,15 @@ pub(crate) fn node(
         Ok(a) => a,
         Err(e) => return bad(e),
     };
-    if max_frame_mib == 0 || max_frame_mib > 4096 {
-        return bad(format!("--max-frame-mib {max_frame_mib}: 1 to 4096"));
+    if !(1..=MAX_FRAME_MIB).contains(&max_frame_mib) {
+        return bad(format!(
+            "--max-frame-mib {max_frame_mib}: 1 to {MAX_FRAME_MIB}"
+        ));
     }
-    if max_memory_gib == 0 || max_memory_gib > 1 << 20 {
-        return bad(format!("--max-memory-gib {max_memory_gib}: at least 1"));
+    if !(1..=MAX_MEMORY_GIB).contains(&max_memory_gib) {
+        return bad(format!(
+            "--max-memory-gib {max_memory_gib}: 1 to {MAX_MEMORY_GIB}"
+        ));
     }
     let cookie = match cluster::read_cookie(cookie_file) {
         Ok(c) => c,

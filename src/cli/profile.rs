@@ -8,6 +8,7 @@ use clap::Args;
 
 use super::{EXIT_BAD_INPUT, EXIT_FAILED, refused};
 use meshsim::model::profile::{Profile, ProfileError};
+use meshsim::profiling::{MAX_PROFILE_REPEATS, MAX_PROFILE_TOKENS, ServingGrid};
 use meshsim::results::output;
 
 #[derive(Args)]
@@ -16,23 +17,28 @@ pub(crate) struct ProfileArgs {
     /// qwen2.5-0.5b (the large ones need the memory of their weights).
     #[arg(long, default_value = "small")]
     pub(crate) model: String,
-    /// Pipeline shards (contiguous layer ranges, split evenly; default 2). Not with
-    /// --serving, which measures whole iterations of one model.
-    #[arg(long)]
+    /// Pipeline shards (contiguous layer ranges, split evenly; 1 to the model's layers;
+    /// default 2). Not with --serving, which measures whole iterations of one model.
+    #[arg(long, allow_negative_numbers = true)]
     pub(crate) shards: Option<usize>,
-    /// Prefill grid: new tokens, comma-separated and increasing (default
+    /// Prefill grid: new tokens, comma-separated and increasing, 1 to 8192 (default
     /// 1,8,16,32,64,128,256,512; with --serving 16,64,128,256,384,512).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', allow_hyphen_values = true)]
     pub(crate) prefill: Vec<u32>,
-    /// Decode grid: cached context tokens, comma-separated and increasing
-    /// (default 1,16,64,128,256,512,1024).
-    #[arg(long, value_delimiter = ',')]
+    /// Decode grid: cached context tokens, comma-separated and increasing, 1 to 8192
+    /// (default 1,16,64,128,256,512,1024). Not with --serving.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        allow_hyphen_values = true,
+        conflicts_with = "serving"
+    )]
     pub(crate) decode: Vec<u32>,
-    /// Runs per grid point; the median is kept.
-    #[arg(long, default_value_t = 5)]
+    /// Runs per grid point, 1 to 1000; the median is kept.
+    #[arg(long, default_value_t = 5, allow_negative_numbers = true)]
     pub(crate) repeats: u32,
     /// Seed of the weights.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     pub(crate) seed: u64,
     /// Profile the serving batch backend (whole iterations of a paged K/V cache, store
     /// exports and loads) instead of pipeline shards: the profile that `serving.profile`
@@ -40,14 +46,102 @@ pub(crate) struct ProfileArgs {
     #[arg(long)]
     pub(crate) serving: bool,
     /// With --serving: the KV block size in tokens.
-    #[arg(long, default_value_t = 16)]
+    #[arg(
+        long,
+        default_value_t = 16,
+        allow_negative_numbers = true,
+        requires = "serving"
+    )]
     pub(crate) block_size: u32,
-    /// With --serving: tokens per store tensor.
-    #[arg(long, default_value_t = 64)]
+    /// With --serving: tokens per store tensor, whole blocks; the largest store transfer (8
+    /// tensors) holds at most 8192 tokens.
+    #[arg(
+        long,
+        default_value_t = 64,
+        allow_negative_numbers = true,
+        requires = "serving"
+    )]
     pub(crate) tensor_tokens: u32,
     /// The profile file to write.
     #[arg(long)]
     pub(crate) out: PathBuf,
+}
+
+/// `points` as the command line writes them (`1,8,16`).
+fn listed(points: &[u32]) -> String {
+    let points: Vec<String> = points.iter().map(u32::to_string).collect();
+    points.join(",")
+}
+
+/// Refuses, naming the flag, a grid `flag` (`--prefill`, `--decode`) that holds a point of no
+/// token or past [`MAX_PROFILE_TOKENS`], or points that do not strictly increase.
+fn check_points(flag: &str, points: &[u32]) -> Result<(), String> {
+    let key = flag.trim_start_matches('-');
+    for (i, &x) in points.iter().enumerate() {
+        let why = if x == 0 {
+            "expected a positive token count".to_string()
+        } else if x > MAX_PROFILE_TOKENS {
+            format!(
+                "at most {MAX_PROFILE_TOKENS} tokens (the attention of a longer sequence needs \
+                 more memory than a profile run should take)"
+            )
+        } else if i > 0 && x <= points[i - 1] {
+            format!(
+                "expected points strictly above the one before, {}",
+                points[i - 1]
+            )
+        } else {
+            continue;
+        };
+        return Err(format!(
+            "{flag} {}: {key}[{i}] = {x}; {why}",
+            listed(points)
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses, naming the flag, a value that measures nothing or more than a profile run may
+/// take: no repeat or more than [`MAX_PROFILE_REPEATS`], a bad grid (see [`check_points`]),
+/// and, for a serving profile, a block or a store tensor of no token, a tensor that is not
+/// whole blocks, or a store transfer of more than [`MAX_PROFILE_TOKENS`]. Measures nothing;
+/// the library's check of the whole grid runs after it.
+fn check_flags(a: &ProfileArgs) -> Result<(), String> {
+    if !(1..=MAX_PROFILE_REPEATS).contains(&a.repeats) {
+        return Err(format!(
+            "--repeats {}: expected 1 to {MAX_PROFILE_REPEATS} runs per grid point",
+            a.repeats
+        ));
+    }
+    check_points("--prefill", &a.prefill)?;
+    check_points("--decode", &a.decode)?;
+    if !a.serving {
+        return Ok(());
+    }
+    let (block, tensor) = (a.block_size, a.tensor_tokens);
+    for (flag, v) in [("--block-size", block), ("--tensor-tokens", tensor)] {
+        if v == 0 {
+            return Err(format!("{flag} 0: expected a positive number of tokens"));
+        }
+    }
+    if !tensor.is_multiple_of(block) {
+        return Err(format!(
+            "--tensor-tokens {tensor}: not a whole number of blocks of --block-size {block}"
+        ));
+    }
+    let tensors = ServingGrid::default()
+        .tensors
+        .into_iter()
+        .max()
+        .unwrap_or(1);
+    let most = u64::from(tensors) * u64::from(tensor);
+    if most > u64::from(MAX_PROFILE_TOKENS) {
+        return Err(format!(
+            "--tensor-tokens {tensor}: the largest store transfer ({tensors} tensors) would \
+             hold {most} tokens, at most {MAX_PROFILE_TOKENS}"
+        ));
+    }
+    Ok(())
 }
 
 /// Checks the grid (`checked`) and that `out` may be written, before any measurement.
@@ -170,6 +264,9 @@ pub(crate) fn profile_run(a: &ProfileArgs) -> ExitCode {
         eprintln!("error: {msg}");
         ExitCode::from(EXIT_BAD_INPUT)
     };
+    if let Err(e) = check_flags(a) {
+        return bad(e);
+    }
     let Some(config) = meshsim::exec::TransformerConfig::preset(&a.model) else {
         return bad(format!(
             "unknown model {:?} ({})",

@@ -10,6 +10,7 @@ use super::{EXIT_BAD_INPUT, EXIT_FAILED, refused};
 use meshsim::results::output;
 use meshsim::workload::output::OutputDist;
 use meshsim::workload::qa::{ContextMode, Order};
+use meshsim::workload::replay::mooncake::MAX_LENGTH;
 use meshsim::workload::replay::{self, Loaded, ReplaySpec, Source};
 use meshsim::workload::stats::TraceStats;
 
@@ -19,11 +20,13 @@ pub(crate) enum TraceCommand {
     Stats {
         #[command(flatten)]
         load: LoadArgs,
-        /// LRU cache capacities in tokens, comma-separated (e.g. 3000000,10000000).
-        #[arg(long, value_delimiter = ',')]
+        /// LRU cache capacities in tokens, comma-separated, each at least 1 (e.g.
+        /// 3000000,10000000).
+        #[arg(long, value_delimiter = ',', allow_hyphen_values = true)]
         lru: Vec<u64>,
-        /// Block size of the reuse analysis (default: the format's, 512 for Mooncake, else 16).
-        #[arg(long)]
+        /// Block size of the reuse analysis, 1 to 16777216 tokens (default: the format's, 512
+        /// for Mooncake, else 16).
+        #[arg(long, allow_negative_numbers = true)]
         block_size: Option<u32>,
     },
     /// Convert any supported file to meshsim's canonical trace (JSONL).
@@ -47,26 +50,27 @@ pub(crate) struct LoadArgs {
     /// A Hugging Face tokenizer.json for exact token ids (datasets; default: the estimate).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
-    /// Keep at most this many requests.
-    #[arg(long)]
+    /// Keep at most this many requests (at least 1).
+    #[arg(long, allow_negative_numbers = true)]
     requests: Option<u32>,
     /// Skip (and count) malformed lines instead of failing.
     #[arg(long)]
     skip_bad_lines: bool,
-    /// Datasets: context = window of at most this many tokens (default: the paragraph).
-    #[arg(long)]
+    /// Datasets: context = window of at most this many tokens, at least 1 (default: the
+    /// paragraph).
+    #[arg(long, allow_negative_numbers = true)]
     context_tokens: Option<u32>,
     /// Datasets: shuffle questions with the seed (default: grouped by document).
     #[arg(long)]
     shuffle: bool,
-    /// Datasets: Poisson arrival rate (requests/s).
-    #[arg(long, default_value_t = 1.0)]
+    /// Datasets: Poisson arrival rate (requests/s), 0.001 to 1e9.
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     rate: f64,
-    /// Datasets: fixed output length (tokens).
-    #[arg(long, default_value_t = 64)]
+    /// Datasets: fixed output length (tokens), 1 to 16777216.
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
     output_tokens: u32,
     /// Datasets: seed for order, arrivals and outputs.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     seed: u64,
 }
 
@@ -77,7 +81,45 @@ fn parse_source(s: &str) -> Result<Source, String> {
     })
 }
 
+/// Slowest `--rate`, requests/s (one request per 1,000 s on average): ten million requests
+/// then arrive within about 10^10 s, inside the 1.8 x 10^10 s that the nanosecond clock holds;
+/// at much slower rates the arrivals pile up at the clock's end.
+const MIN_RATE_PER_S: f64 = 1e-3;
+/// Fastest `--rate`, requests/s: one request per nanosecond, the clock's tick; faster arrivals
+/// would all fall on the same few instants.
+const MAX_RATE_PER_S: f64 = 1e9;
+/// Longest `--output-tokens`, and largest `trace stats --block-size`: the most tokens of an
+/// output or a prompt that a trace line may hold, so that what `trace convert` writes reads
+/// back (a block longer than any prompt is never full).
+const MAX_TRACE_TOKENS: u32 = MAX_LENGTH as u32;
+
 impl LoadArgs {
+    /// Refuses, naming the flag, a value that makes no trace: no request kept, a rate that is
+    /// not a number from [`MIN_RATE_PER_S`] to [`MAX_RATE_PER_S`], an empty context window, an
+    /// output of no token or of more than [`MAX_TRACE_TOKENS`]. Reads nothing.
+    fn check(&self) -> Result<(), String> {
+        if self.requests == Some(0) {
+            return Err("--requests 0: keeps no request; expected at least 1".into());
+        }
+        if !(MIN_RATE_PER_S..=MAX_RATE_PER_S).contains(&self.rate) {
+            return Err(format!(
+                "--rate {:?}: expected a Poisson arrival rate from {MIN_RATE_PER_S:e} to \
+                 {MAX_RATE_PER_S:e} requests/s",
+                self.rate
+            ));
+        }
+        if self.context_tokens == Some(0) {
+            return Err("--context-tokens 0: a window of no token; expected at least 1".into());
+        }
+        if !(1..=MAX_TRACE_TOKENS).contains(&self.output_tokens) {
+            return Err(format!(
+                "--output-tokens {}: expected 1 to {MAX_TRACE_TOKENS} tokens",
+                self.output_tokens
+            ));
+        }
+        Ok(())
+    }
+
     fn load(&self) -> Result<Loaded, String> {
         let source = match self.format {
             Some(f) => f,
@@ -88,15 +130,6 @@ impl LoadArgs {
                 )
             })?,
         };
-        if !(self.rate.is_finite() && self.rate > 0.0) {
-            return Err(format!(
-                "--rate: expected a positive number, found {}",
-                self.rate
-            ));
-        }
-        if self.output_tokens == 0 || self.context_tokens == Some(0) {
-            return Err("--output-tokens and --context-tokens must be positive".into());
-        }
         let mut spec = ReplaySpec::new(source, &self.file);
         spec.tokenizer = self.tokenizer.clone();
         spec.max_requests = self.requests;
@@ -122,6 +155,20 @@ fn opt(v: Option<u32>) -> String {
     v.map_or("-".into(), |v| v.to_string())
 }
 
+/// Refuses, naming the flag, a `trace stats` analysis that measures nothing: a block of no
+/// token or longer than [`MAX_TRACE_TOKENS`], an LRU cache of no token.
+fn check_stats(lru: &[u64], block_size: Option<u32>) -> Result<(), String> {
+    if let Some(b) = block_size.filter(|b| !(1..=MAX_TRACE_TOKENS).contains(b)) {
+        return Err(format!(
+            "--block-size {b}: expected 1 to {MAX_TRACE_TOKENS} tokens"
+        ));
+    }
+    if lru.contains(&0) {
+        return Err("--lru 0: a cache of no token holds nothing; expected at least 1 token".into());
+    }
+    Ok(())
+}
+
 fn trace_stats(load: &LoadArgs, lru: &[u64], block_size: Option<u32>) -> ExitCode {
     let started = Instant::now();
     let l = match load.load() {
@@ -132,14 +179,7 @@ fn trace_stats(load: &LoadArgs, lru: &[u64], block_size: Option<u32>) -> ExitCod
         }
     };
     let loaded_s = started.elapsed().as_secs_f64();
-    let bs = match block_size {
-        Some(0) => {
-            eprintln!("error: --block-size: expected a positive number");
-            return ExitCode::from(EXIT_BAD_INPUT);
-        }
-        Some(b) => b,
-        None => l.block_size,
-    };
+    let bs = block_size.unwrap_or(l.block_size);
     let st = TraceStats::of(&l.trace, bs, lru);
     println!("trace {} ({})", load.file.display(), l.source.name());
     let contexts = if l.source.is_dataset() {
@@ -207,8 +247,20 @@ fn trace_convert(load: &LoadArgs, out: &Path) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Runs a `meshsim trace` subcommand.
+/// Runs a `meshsim trace` subcommand, once its flags are checked.
 pub(crate) fn trace(command: &TraceCommand) -> ExitCode {
+    let checked = match command {
+        TraceCommand::Stats {
+            load,
+            lru,
+            block_size,
+        } => load.check().and_then(|()| check_stats(lru, *block_size)),
+        TraceCommand::Convert { load, .. } => load.check(),
+    };
+    if let Err(e) = checked {
+        eprintln!("error: {e}");
+        return ExitCode::from(EXIT_BAD_INPUT);
+    }
     match command {
         TraceCommand::Stats {
             load,
