@@ -311,3 +311,41 @@ fn two_free_ports(attempt: u32) -> u16 {
         })
         .expect("no two free ports between 20000 and 32000 on 127.0.0.1")
 }
+
+#[test]
+fn a_failed_run_across_processes_says_how_to_repeat_it_with_its_nodes_and_cookie() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = cookie(dir.path(), "cookie", "the-repeat-cookie-5");
+    let file = dir.path().join("c.toml");
+    std::fs::write(&file, scenario_text(&[], None, 4)).unwrap();
+    // Nothing listens on the discard port: the run fails (status 1) before it starts.
+    let o = Command::new(env!("CARGO_BIN_EXE_meshsim"))
+        .args([
+            "run",
+            "--live",
+            "-q",
+            "--out",
+            "out",
+            "--nodes",
+            "127.0.0.1:9",
+        ])
+        .arg("--cookie-file")
+        .arg(&good)
+        .arg(&file)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("reproduce with: "))
+        .unwrap_or_else(|| panic!("no reproducing command: {err}"));
+    let expected = format!(
+        "reproduce with: meshsim run {} --live --nodes 127.0.0.1:9 --cookie-file {} --seed 5",
+        file.display(),
+        good.display()
+    );
+    assert_eq!(line, expected);
+    assert!(!dir.path().join("out").exists());
+}

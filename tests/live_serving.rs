@@ -153,13 +153,20 @@ fn a_measured_profile_prices_the_live_iterations_and_calibrates_the_simulation()
         repeats: 3,
     };
     let cfg = meshsim::exec::TransformerConfig::preset("tiny-32k").unwrap();
+    let mut rounds = Vec::new();
     let b = measure_serving(
         &cfg,
         &meshsim::exec::WeightSource::Seeded(3),
         &candle_core::Device::Cpu,
         &grid,
+        &mut |done, all| rounds.push((done, all)),
     )
     .unwrap();
+    assert_eq!(
+        rounds,
+        [(1, 4), (2, 4), (3, 4), (4, 4)],
+        "a warm-up and 3 rounds"
+    );
     assert_eq!(b.iterations.len(), 4 + 2 + 3 * 2);
     assert!(b.export.len() == 2 && b.load.len() == 2);
     let dir = tempfile::tempdir().unwrap();

@@ -196,7 +196,21 @@ fn profile_serving(a: &ProfileArgs, config: &meshsim::exec::TransformerConfig) -
     let device = meshsim::exec::default_device();
     let started = Instant::now();
     let weights = meshsim::exec::WeightSource::Seeded(a.seed);
-    let b = match measured(profile::measure_serving(config, &weights, &device, &grid)) {
+    // Minutes for the larger models: a bar on a terminal, a log line per round with -v.
+    let bar = indicatif::ProgressBar::new(u64::from(grid.repeats) + 1).with_style(
+        indicatif::ProgressStyle::with_template(
+            "  measuring iterations: round {pos} of {len} (the first warms up), {elapsed}",
+        )
+        .expect("a valid template"),
+    );
+    let mut on_round = |done: u32, all: u32| {
+        bar.set_position(u64::from(done));
+        tracing::info!("serving profile: round {done} of {all} measured");
+    };
+    bar.tick();
+    let measuring = profile::measure_serving(config, &weights, &device, &grid, &mut on_round);
+    bar.finish_and_clear();
+    let b = match measured(measuring) {
         Ok(b) => b,
         Err(code) => return code,
     };

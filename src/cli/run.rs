@@ -41,6 +41,21 @@ pub(crate) struct Cluster {
     pub(crate) cookie_file: Option<PathBuf>,
 }
 
+impl Cluster {
+    /// The flags as given, for a command line that repeats the run (` --nodes A,B
+    /// --cookie-file F`; empty when neither was given).
+    fn flags(&self) -> String {
+        let mut s = String::new();
+        if let Some(n) = &self.nodes {
+            s += &format!(" --nodes {n}");
+        }
+        if let Some(c) = &self.cookie_file {
+            s += &format!(" --cookie-file {}", c.display());
+        }
+        s
+    }
+}
+
 /// `meshsim run`: validate, check the output folder, run every policy (or decode mode) at
 /// every sweep point, write the results folder, print a line per run.
 #[allow(clippy::too_many_arguments)]
@@ -55,6 +70,7 @@ pub(crate) fn run(
     cluster: Cluster,
 ) -> ExitCode {
     let file = scenario.display().to_string();
+    let again = cluster.flags();
     let x = match prepare(scenario, &file, seed, live_flag, cluster) {
         Ok(x) => x,
         Err(code) => return code,
@@ -88,7 +104,7 @@ pub(crate) fn run(
         Err(e) => {
             eprintln!("error: {e}");
             eprintln!(
-                "reproduce with: meshsim run {file}{} --seed {}",
+                "reproduce with: meshsim run {file}{}{again} --seed {}",
                 if live_flag { " --live" } else { "" },
                 x.seed()
             );

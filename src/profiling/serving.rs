@@ -125,12 +125,14 @@ impl crate::backend::KvSource for Held {
 /// (all layers, f32, weights from `weights`) on `device`: the median wall time of whole
 /// iterations of the shapes of `grid`, measured in `repeats` interleaved rounds after one
 /// warm-up round (every shape once a round, in a seeded random order), and of exporting and
-/// loading whole store tensors. See [`crate::model::batch_profile`].
+/// loading whole store tensors. See [`crate::model::batch_profile`]. `on_round` hears of each
+/// round done, as `(rounds done, rounds in all)` (the warm-up counts), for a progress display.
 pub fn measure_serving(
     cfg: &TransformerConfig,
     weights: &WeightSource,
     device: &Device,
     grid: &ServingGrid,
+    on_round: &mut dyn FnMut(u32, u32),
 ) -> Result<BatchProfile, ProfileError> {
     grid.check("grid")?;
     cfg.validate().map_err(|e| measure_failed(&e))?;
@@ -166,7 +168,7 @@ pub fn measure_serving(
             bench.fill(i, c)?;
         }
     }
-    let iterations = bench.time_shapes(&shapes, &who, grid.repeats)?;
+    let iterations = bench.time_shapes(&shapes, &who, grid.repeats, on_round)?;
     bench.fill(seqs.transfers, most * grid.tensor_tokens)?;
     let (export, load) = bench.time_transfers(grid, seqs.transfers, &held)?;
     Ok(BatchProfile {
@@ -362,6 +364,7 @@ impl Bench<'_> {
         shapes: &[(u32, u32, u32)],
         who: &[Vec<(usize, u32, u32)>],
         repeats: u32,
+        on_round: &mut dyn FnMut(u32, u32),
     ) -> Result<Vec<IterationPoint>, ProfileError> {
         let mut times: Vec<Vec<u64>> = vec![Vec::with_capacity(repeats as usize); shapes.len()];
         let mut order: Vec<usize> = (0..shapes.len()).collect();
@@ -374,6 +377,7 @@ impl Bench<'_> {
                     times[s].push(t);
                 }
             }
+            on_round(round as u32 + 1, repeats + 1);
         }
         Ok(shapes
             .iter()
