@@ -247,6 +247,39 @@ fn a_store_loss_sends_a_parked_request_back_to_the_queue_without_its_blocks() {
 }
 
 #[test]
+fn a_plan_made_before_a_store_loss_the_instance_knows_of_is_dropped_on_arrival() {
+    let mut s = script();
+    let mut i = store_instance(trace(&[272], 2), LoadOverlap::None, 100, 1024, &s);
+    i.handle(Msg::Submit(ReqId(0)), &mut s);
+    // The loss reaches the instance before the reply to its lookup, which the metadata
+    // service planned knowing of no loss (0): what it names may be gone, so it is not read.
+    i.handle(Msg::StoreLost(1), &mut s);
+    i.handle(
+        Msg::LookupReply(ReqId(0), remote_plan(8, 100_000), 0),
+        &mut s,
+    );
+    assert!(i.parked.is_empty(), "no load is started for a stale plan");
+    assert_eq!(
+        s.batches.last().unwrap().new_tokens,
+        272,
+        "the whole prompt is computed"
+    );
+    run(&mut i, &mut s);
+    assert_eq!(s.done[0].reused, [0; Tier::ALL.len()]);
+    assert_eq!(s.done[0].loaded_bytes, [0; Tier::ALL.len()]);
+    // A plan made knowing of the loss (1) is loaded as any other.
+    let mut s = script();
+    let mut i = store_instance(trace(&[272], 2), LoadOverlap::None, 100, 1024, &s);
+    i.handle(Msg::Submit(ReqId(0)), &mut s);
+    i.handle(Msg::StoreLost(1), &mut s);
+    i.handle(
+        Msg::LookupReply(ReqId(0), remote_plan(8, 100_000), 1),
+        &mut s,
+    );
+    assert_eq!(i.parked.len(), 1, "its load is in flight");
+}
+
+#[test]
 fn a_store_loss_preempts_a_layerwise_request_and_frees_the_iteration_waiting_for_it() {
     let mut s = script();
     let mut i = store_instance(trace(&[272], 2), LoadOverlap::Layerwise, 100, 1024, &s);
