@@ -219,3 +219,34 @@ fn meshsim_plot_writes_summary_json_for_a_sweep_with_empty_cells() {
     assert_eq!(json["runs"][1]["point"], "context_tokens=2048");
     assert_eq!(json["runs"][0]["store_lookups"], Value::Null);
 }
+
+#[test]
+fn plot_refuses_to_replace_a_summary_json_that_meshsim_did_not_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let s = common::small();
+    meshsim::serving::outcome::write_results(&s, &common::run(&s, 2), &out).unwrap();
+    let plot = || {
+        Command::new(env!("CARGO_BIN_EXE_meshsim"))
+            .args(["plot", "-q"])
+            .arg(&out)
+            .output()
+            .unwrap()
+    };
+    // Its own summary.json is replaced.
+    assert!(plot().status.success());
+    // Someone else's is not, and nothing is drawn.
+    std::fs::write(out.join("summary.json"), "{\"mine\": true}\n").unwrap();
+    std::fs::remove_file(out.join("report.md")).unwrap();
+    let o = plot();
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("summary.json"));
+    let kept = std::fs::read_to_string(out.join("summary.json")).unwrap();
+    assert_eq!(kept, "{\"mine\": true}\n");
+    assert!(!out.join("report.md").exists());
+}

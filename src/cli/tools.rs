@@ -43,6 +43,10 @@ pub(crate) fn compare(sim: &Path, live: &Path, out: Option<&Path>, json: bool) -
 
 pub(crate) fn plot(dir: &Path, quiet: bool) -> ExitCode {
     let started = Instant::now();
+    let names = meshsim::results::plot::output_files(dir);
+    if let Err(e) = output::check_results_files(dir, &names) {
+        return refused(e);
+    }
     match meshsim::results::plot::render(dir) {
         Ok(files) => {
             if !quiet {

@@ -75,6 +75,9 @@ pub const MARKER_TEXT: &str = "meshsim results folder: meshsim wrote it and may 
 pub const PROFILE_HEADER: &str = "# A meshsim profile";
 /// The markdown of `meshsim compare` begins with this.
 pub const COMPARISON_HEADER: &str = "# Simulation against live run";
+/// A results folder's `summary.json` begins with this: a file of that name that does not is
+/// someone else's, and is not replaced.
+pub const SUMMARY_JSON_HEADER: &str = "{\n  \"schema\": \"meshsim-summary/";
 /// `meshsim compare --json` begins with this.
 pub const COMPARISON_JSON_HEADER: &str = "{\n  \"schema\": \"meshsim-comparison/";
 /// A canonical trace (`meshsim trace convert`) begins with this.
@@ -366,7 +369,7 @@ pub fn write_files_atomically(dir: &Path, files: &[(String, Vec<u8>)]) -> Result
     let result = (|| {
         for (name, bytes) in files {
             let path = dir.join(name);
-            check_out_file(&path, Replaces::ResultsFile)?;
+            check_out_file(&path, results_file_rule(name))?;
             let (parent, name) = split(&path)?;
             clean_stale(&parent, &name);
             let tmp = parent.join(temp_name(&name, "tmp"));
@@ -391,8 +394,9 @@ pub fn write_files_atomically(dir: &Path, files: &[(String, Vec<u8>)]) -> Result
         return Err(e);
     }
     crash_point("file-tmp-written");
-    let check = |p: &Path| replaceable_file(p, Replaces::ResultsFile);
     for (i, (tmp, path, name)) in temps.iter().enumerate() {
+        let rule = results_file_rule(&name.to_string_lossy());
+        let check = |p: &Path| replaceable_file(p, rule);
         if let Err(e) = swap_into_place(tmp, path, (dir, name), "file", &check, false) {
             for (tmp, _, _) in &temps[i..] {
                 let _ = remove_any(tmp);
@@ -408,6 +412,25 @@ pub fn write_files_atomically(dir: &Path, files: &[(String, Vec<u8>)]) -> Result
 /// `MESHSIM_TEST_CRASH_AT=file-tmp-written`, the process is killed here (see the module doc).
 pub fn crash_after_file_written() {
     crash_point("file-tmp-written");
+}
+
+/// Checks, before any work, that the results files `names` may be written into the folder
+/// `dir` ([`write_files_atomically`]'s rule for each).
+pub fn check_results_files(dir: &Path, names: &[String]) -> Result<(), OutputError> {
+    for name in names {
+        check_out_file(&dir.join(name), results_file_rule(name))?;
+    }
+    Ok(())
+}
+
+/// Which existing file a results file named `name` may replace: `summary.json` only one that
+/// meshsim wrote (recognised by its first line), the plots and `report.md` any regular file.
+fn results_file_rule(name: &str) -> Replaces {
+    if name == "summary.json" {
+        Replaces::Header(SUMMARY_JSON_HEADER)
+    } else {
+        Replaces::ResultsFile
+    }
 }
 
 /// Removes what crashed writes of `name` in `parent` left behind (see the module doc).
