@@ -208,18 +208,7 @@ impl Router {
                 continue;
             }
             self.alive[i] = false;
-            if let Some(kv) = &mut self.kv {
-                kv.lost(i);
-            }
-            // Bounded by the trace: the records of the instance's requests in flight.
-            for r in &self.records {
-                let in_flight = r.end.is_none() && !r.rejected && r.failed.is_none();
-                if r.instance == i as u32 && in_flight {
-                    moved.push((ReqId(r.id), r.first_token.is_some()));
-                }
-            }
-            self.in_flight -= self.outstanding[i] as u64;
-            self.outstanding[i] = 0;
+            moved.extend(self.empty_instance(i));
         }
         for (req, streamed) in moved {
             let old = self.records[req.0 as usize].instance;
@@ -234,25 +223,32 @@ impl Router {
         }
     }
 
+    /// Instance `i` holds nothing any more (its records flushed): the kv-aware view of it and
+    /// its outstanding count are reset, and its requests in flight are returned, in request
+    /// order, each with whether it has streamed its first token. Bounded by the trace.
+    fn empty_instance(&mut self, i: usize) -> Vec<(ReqId, bool)> {
+        if let Some(kv) = &mut self.kv {
+            kv.lost(i);
+        }
+        let held = self
+            .records
+            .iter()
+            .filter(|r| r.instance == i as u32)
+            .filter(|r| r.end.is_none() && !r.rejected && r.failed.is_none())
+            .map(|r| (ReqId(r.id), r.first_token.is_some()))
+            .collect();
+        self.in_flight -= self.outstanding[i] as u64;
+        self.outstanding[i] = 0;
+        held
+    }
+
     /// Instance `i` was lost with its process and placed again, empty (a run across
     /// processes): every request it held is run again, on whichever instance the strategy
     /// picks now, and counted as a failover. One that had streamed its first token keeps it
     /// (the client has it); its output is the new run's, whole.
     fn instance_lost(&mut self, i: usize, ctx: &mut dyn Context<Msg>) {
         self.flush();
-        if let Some(kv) = &mut self.kv {
-            kv.lost(i);
-        }
-        // Bounded by the trace: the records of the instance's requests in flight.
-        let again: Vec<(ReqId, bool)> = self
-            .records
-            .iter()
-            .filter(|r| r.end.is_none() && !r.rejected && r.failed.is_none())
-            .filter(|r| self.assigned[r.id as usize] == i as u32)
-            .map(|r| (ReqId(r.id), r.first_token.is_some()))
-            .collect();
-        self.in_flight -= self.outstanding[i] as u64;
-        self.outstanding[i] = 0;
+        let again = self.empty_instance(i);
         for (req, streamed) in again {
             self.failovers += 1;
             self.assigned[req.0 as usize] = NONE;
