@@ -113,7 +113,7 @@ fn rates(s: &Scenario, t: Arc<Trace>, rounds: usize) -> Rates {
         s.hardware.nodes * 4,
         "4 GPUs per node, one instance each"
     );
-    let kind = s.policies[0];
+    let kind = &s.policies[0];
     let mut out = Rates {
         rates: Vec::new(),
         events_per_request: 0.0,

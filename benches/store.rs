@@ -27,6 +27,8 @@ use std::time::Instant;
 use meshsim::hash::{ROOT_PARENT, block_hash};
 use meshsim::metrics::StoreStats;
 use meshsim::rng::Stream;
+use meshsim::serving::store::TierEviction;
+use meshsim::serving::store::admission::Admission;
 use meshsim::serving::store::directory::{Directory, StoreParams, TensorId};
 use meshsim::serving::store::eviction::Eviction;
 
@@ -73,7 +75,8 @@ fn params(scale: &Scale, eviction: Eviction, replicas: bool) -> StoreParams {
         host_capacity: host * BYTES,
         replica_capacity: if replicas { host / 10 * BYTES } else { 0 },
         ssd_capacity: (per_node - host) * BYTES,
-        eviction,
+        eviction: TierEviction::all(eviction),
+        admission: Admission::Always,
         consolidate: true,
         replicate_after_reads: replicas.then_some(2),
         host_ns_per_byte: 0.04,

@@ -397,6 +397,12 @@ fn describe_serving(s: &Scenario) -> String {
         "  workload: {workload}; policies: {}",
         policies.join(", ")
     );
+    // Every policy's composition, as the table that makes it (a user's policy starts there).
+    for p in &s.policies {
+        for line in crate::serving::scenario::policy::table(p).lines() {
+            let _ = writeln!(o, "    {line}");
+        }
+    }
     if !s.points.is_empty() {
         let labels: Vec<&str> = s.points.iter().map(|p| p.label.as_str()).collect();
         let _ = writeln!(o, "  sweep: {} points: {}", labels.len(), labels.join(", "));

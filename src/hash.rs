@@ -20,6 +20,13 @@ pub fn mix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// `h` within namespace `ns`: equal pairs give equal ids, and an id of one namespace equals
+/// one of another with probability about 2^-64 (a store's scope, see
+/// [`crate::serving::policy::Scope`]).
+pub fn mix(h: u64, ns: u64) -> u64 {
+    mix64(h ^ mix64(ns.wrapping_add(FX_K)))
+}
+
 /// One token folded into a block's hash in the making: the FxHash step (the module doc).
 #[inline(always)]
 fn fx_step(h: u64, t: u32) -> u64 {

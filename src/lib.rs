@@ -57,7 +57,7 @@ pub use model::{ModelConfig, Preset, preset};
 pub use pipeline::scenario::PipelineScenario;
 pub use results::RunError;
 pub use scenario::ScenarioError;
-pub use serving::policy::{Policy, PolicyKind};
+pub use serving::policy::Policy;
 pub use serving::scenario::Scenario;
 pub use sim::kernel::SimError;
 pub use units::Nanos;

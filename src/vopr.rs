@@ -332,7 +332,7 @@ pub fn run_seed(seed: u64) -> Result<SeedOutcome, SeedFailure> {
         dropped: 0,
         replicated: 0,
     };
-    for &policy in &s.policies {
+    for policy in &s.policies {
         let mut bytes = Vec::with_capacity(2);
         for round in 0..2 {
             let r =

@@ -15,7 +15,6 @@ use meshsim::metrics::{RequestRecord, Tier};
 use meshsim::serving::build::trace;
 use meshsim::serving::live::live_all;
 use meshsim::serving::outcome::PolicyRun;
-use meshsim::serving::policy::PolicyKind;
 use meshsim::serving::scenario::Scenario;
 use meshsim::serving::sim::simulate;
 
@@ -114,7 +113,7 @@ fn store_loads_cross_the_socket_with_the_simulations_bytes() {
 
     // The same greedy tokens as every actor in one process (same seeded weights).
     let mut one = scenario(None);
-    one.policies = vec![PolicyKind::Vanilla];
+    one.policies = vec![one.preset("vanilla").unwrap()];
     let alone = rt.block_on(live_all(&one)).unwrap();
     assert_eq!(alone[0].report.outputs, runs[0].report.outputs);
 
@@ -136,7 +135,7 @@ fn store_loads_cross_the_socket_with_the_simulations_bytes() {
         // The simulation of the same scenario: wherever it planned a request's loads as
         // the live run did (the same reused tokens from each tier), its network carried the
         // same bytes for them.
-        let simulated = simulate(&sim, t.clone(), r.policy).unwrap();
+        let simulated = simulate(&sim, t.clone(), &r.policy).unwrap();
         let (live, model) = (by_id(r), by_id(&simulated));
         let mut same = 0;
         for (id, q) in &live {
@@ -171,7 +170,7 @@ fn a_node_killed_in_the_middle_of_a_run_loses_no_request() {
     let rt = common::runtime();
     // The undisturbed tokens: vanilla, every actor in this process.
     let mut one = scenario_with(None, 24);
-    one.policies = vec![PolicyKind::Vanilla];
+    one.policies = vec![one.preset("vanilla").unwrap()];
     let alone = rt.block_on(live_all(&one)).unwrap();
     let expected: BTreeMap<u32, &Vec<u32>> = alone[0]
         .report
@@ -186,7 +185,7 @@ fn a_node_killed_in_the_middle_of_a_run_loses_no_request() {
     // the router runs their requests again and the metadata service forgets n2's store.
     let (n1, mut n2, n3) = (Node::start(&key), Node::start(&key), Node::start(&key));
     let mut s = scenario_with(Some((&[&n1, &n2, &n3], &key)), 24);
-    s.policies = vec![PolicyKind::EvoStore];
+    s.policies = vec![s.preset("evostore").unwrap()];
     let killer = kill_when_started(&n2, std::time::Duration::from_millis(1500));
     let runs = rt
         .block_on(live_all(&s))

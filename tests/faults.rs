@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
+use meshsim::Scenario;
 use meshsim::serving::build::trace;
 use meshsim::serving::outcome::PolicyRun;
 use meshsim::serving::sim::simulate;
-use meshsim::{PolicyKind, Scenario};
 
 /// A VOPR scenario without its random faults.
 fn base() -> String {
@@ -48,7 +48,7 @@ fn run_all(s: &Scenario) -> Vec<PolicyRun> {
     let t = Arc::new(trace(s).unwrap());
     s.policies
         .iter()
-        .map(|&p| simulate(s, t.clone(), p).unwrap_or_else(|e| panic!("{}: {e}", p.name())))
+        .map(|p| simulate(s, t.clone(), p).unwrap_or_else(|e| panic!("{}: {e}", p.name())))
         .collect()
 }
 
@@ -114,10 +114,14 @@ fn a_store_restart_loses_the_tensors_but_no_request() {
 }
 
 /// TTFT p99 (ms) of `policy` with and without `fault`.
-fn p99_with(fault: &str, policy: PolicyKind) -> (f64, f64) {
+fn p99_with(fault: &str, policy: &str) -> (f64, f64) {
     let pick = |s: &Scenario| {
         let t = Arc::new(trace(s).unwrap());
-        simulate(s, t, policy).unwrap().summary.ttft.p99
+        simulate(s, t, &s.preset(policy).unwrap())
+            .unwrap()
+            .summary
+            .ttft
+            .p99
     };
     (pick(&scenario(fault)), pick(&scenario("")))
 }
@@ -127,7 +131,7 @@ fn a_cut_link_holds_transfers_until_it_is_back() {
     // Node 1's NICs carry nothing for 50 ms: its requests (and its store's readers) wait.
     let fault =
         "[[fault]]\nkind = \"link-slow\"\nnode = 1\nat_s = 0.05\nfor_s = 0.05\nfactor = 0.0\n";
-    let (with, without) = p99_with(fault, PolicyKind::Vanilla);
+    let (with, without) = p99_with(fault, "vanilla");
     assert!(
         with > without + 20.0,
         "p99 {with} ms with the cut, {without} ms without"
@@ -137,7 +141,7 @@ fn a_cut_link_holds_transfers_until_it_is_back() {
 #[test]
 fn a_slow_gpu_slows_its_instance() {
     let fault = "[[fault]]\nkind = \"gpu-slow\"\nnode = 0\ngpu = 0\nat_s = 0.0\nfor_s = 100.0\nfactor = 0.05\n";
-    let (with, without) = p99_with(fault, PolicyKind::Vanilla);
+    let (with, without) = p99_with(fault, "vanilla");
     assert!(
         with > 2.0 * without,
         "p99 {with} ms slowed, {without} ms not"

@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use meshsim::serving::build::trace;
 use meshsim::serving::live::{LOGIT_TOLERANCE, check_outputs, live_all, live_with};
-use meshsim::serving::policy::PolicyKind;
 use meshsim::serving::scenario::Scenario;
 
 /// A small live scenario: 2 nodes x 2 instances, seeded prompts of a few hundred tokens about
@@ -77,7 +76,7 @@ fn every_policy_generates_vanillas_tokens_on_real_kv() {
         assert_eq!(r.report.outputs.len(), 32, "{}", r.policy.name());
         assert!(r.report.outputs.iter().all(|(_, t)| t.len() == 4));
         let reused: u64 = r.report.records.iter().map(|q| q.reused_tokens()).sum();
-        if r.policy == PolicyKind::Vanilla {
+        if r.policy.name() == "vanilla" {
             assert_eq!(reused, 0);
         } else {
             assert!(reused > 0, "{} reused nothing", r.policy.name());
@@ -107,13 +106,28 @@ fn a_wrong_load_is_caught_by_the_output_check() {
     let trace = Arc::new(trace(&s).unwrap());
     let rt = common::runtime();
     let vanilla = rt
-        .block_on(live_with(&s, trace.clone(), PolicyKind::Vanilla, None))
+        .block_on(live_with(
+            &s,
+            trace.clone(),
+            &s.preset("vanilla").unwrap(),
+            None,
+        ))
         .unwrap();
     let good = rt
-        .block_on(live_with(&s, trace.clone(), PolicyKind::EvoStore, None))
+        .block_on(live_with(
+            &s,
+            trace.clone(),
+            &s.preset("evostore").unwrap(),
+            None,
+        ))
         .unwrap();
     let bad = rt
-        .block_on(live_with(&s, trace, PolicyKind::EvoStore, Some(0.5)))
+        .block_on(live_with(
+            &s,
+            trace,
+            &s.preset("evostore").unwrap(),
+            Some(0.5),
+        ))
         .unwrap();
     // One vanilla run serves both checks: one per other run, in order.
     let checks = check_outputs(&[vanilla, good, bad]);
@@ -231,24 +245,20 @@ fn a_measured_profile_prices_the_live_iterations_and_calibrates_the_simulation()
         }
     }
     let sim = meshsim::serving::sim::simulate_all(&s, Arc::new(trace(&s).unwrap()), 1).unwrap();
-    let p50 = |runs: &[meshsim::serving::outcome::PolicyRun], p: PolicyKind| {
+    let p50 = |runs: &[meshsim::serving::outcome::PolicyRun], p: &str| {
         runs.iter()
-            .find(|r| r.policy == p)
+            .find(|r| r.policy.name() == p)
             .unwrap()
             .summary
             .ttft
             .p50
     };
     for (what, runs) in [("simulated", &sim[..]), ("live", &live[..])] {
-        for p in [
-            PolicyKind::LocalPrefix,
-            PolicyKind::EvoStore,
-            PolicyKind::PtStore,
-        ] {
+        for p in ["local-prefix", "evostore", "ptstore"] {
             assert!(
-                p50(runs, p) < p50(runs, PolicyKind::Vanilla),
+                p50(runs, p) < p50(runs, "vanilla"),
                 "{what}: {} is not faster than vanilla: {:?}",
-                p.name(),
+                p,
                 runs.iter()
                     .map(|r| (r.policy.name(), r.summary.ttft.p50))
                     .collect::<Vec<_>>()

@@ -4,7 +4,6 @@ mod common;
 
 use std::sync::Arc;
 
-use meshsim::PolicyKind;
 use meshsim::metrics::RequestRecord;
 use meshsim::serving::build::trace;
 use meshsim::serving::sim::simulate;
@@ -23,8 +22,8 @@ fn mean_ttft_ms(records: &[RequestRecord]) -> f64 {
 fn local_prefix_is_never_slower_than_vanilla_when_prefixes_are_shared() {
     let s = common::small();
     let t = Arc::new(trace(&s).unwrap());
-    let vanilla = simulate(&s, t.clone(), PolicyKind::Vanilla).unwrap();
-    let local = simulate(&s, t, PolicyKind::LocalPrefix).unwrap();
+    let vanilla = simulate(&s, t.clone(), &s.preset("vanilla").unwrap()).unwrap();
+    let local = simulate(&s, t, &s.preset("local-prefix").unwrap()).unwrap();
     assert!(vanilla.report.records.iter().all(|r| r.completed()));
     assert!(local.report.records.iter().all(|r| r.completed()));
     let (v, l) = (
@@ -70,8 +69,8 @@ fn local_prefix_gives_vanillas_results_when_nothing_is_shared() {
     w.arrival_rate_per_s = 40.0;
     let t = Arc::new(without_shared_prefixes(trace(&s).unwrap()));
     assert!(t.requests.len() > 200, "{} requests", t.requests.len());
-    let vanilla = simulate(&s, t.clone(), PolicyKind::Vanilla).unwrap();
-    let local = simulate(&s, t, PolicyKind::LocalPrefix).unwrap();
+    let vanilla = simulate(&s, t.clone(), &s.preset("vanilla").unwrap()).unwrap();
+    let local = simulate(&s, t, &s.preset("local-prefix").unwrap()).unwrap();
     assert_eq!(local.summary.prefix_hit_ratio, 0.0);
     assert_eq!(vanilla.report.records, local.report.records);
     let mut ls = local.summary.clone();
@@ -87,8 +86,8 @@ fn local_prefix_hits_only_what_fits_in_free_kv_memory() {
     let mut tight = s.clone();
     tight.serving.instance.num_blocks = 600; // 9,600 tokens: about four 2k-token prompts
     let t = Arc::new(trace(&s).unwrap());
-    let roomy = simulate(&s, t.clone(), PolicyKind::LocalPrefix).unwrap();
-    let cramped = simulate(&tight, t, PolicyKind::LocalPrefix).unwrap();
+    let roomy = simulate(&s, t.clone(), &s.preset("local-prefix").unwrap()).unwrap();
+    let cramped = simulate(&tight, t, &tight.preset("local-prefix").unwrap()).unwrap();
     assert!(cramped.report.records.iter().all(|r| r.completed()));
     assert!(cramped.summary.gpu_block_evictions > roomy.summary.gpu_block_evictions);
     assert!(
@@ -106,8 +105,8 @@ fn ptstore_without_replication_or_consolidation_gives_evostores_results() {
     s.store.ptstore.consolidate = false;
     s.store.ptstore.eviction = s.store.evostore.eviction;
     let t = Arc::new(trace(&s).unwrap());
-    let evo = simulate(&s, t.clone(), PolicyKind::EvoStore).unwrap();
-    let pt = simulate(&s, t, PolicyKind::PtStore).unwrap();
+    let evo = simulate(&s, t.clone(), &s.preset("evostore").unwrap()).unwrap();
+    let pt = simulate(&s, t, &s.preset("ptstore").unwrap()).unwrap();
     assert!(evo.summary.prefix_hit_ratio > 0.5);
     assert_eq!(evo.report.records, pt.report.records);
     let mut ps = pt.summary.clone();
@@ -122,9 +121,9 @@ fn store_policies_reuse_prefixes_across_instances_and_never_lose_to_local_prefix
     let mut s = common::small();
     s.serving.router = meshsim::serving::router::RouterStrategy::RoundRobin;
     let t = Arc::new(trace(&s).unwrap());
-    let local = simulate(&s, t.clone(), PolicyKind::LocalPrefix).unwrap();
-    let evo = simulate(&s, t.clone(), PolicyKind::EvoStore).unwrap();
-    let pt = simulate(&s, t, PolicyKind::PtStore).unwrap();
+    let local = simulate(&s, t.clone(), &s.preset("local-prefix").unwrap()).unwrap();
+    let evo = simulate(&s, t.clone(), &s.preset("evostore").unwrap()).unwrap();
+    let pt = simulate(&s, t, &s.preset("ptstore").unwrap()).unwrap();
     for run in [&evo, &pt] {
         assert!(run.report.records.iter().all(|r| r.completed()));
         assert!(run.summary.prefix_hit_ratio > local.summary.prefix_hit_ratio);
@@ -152,8 +151,8 @@ fn a_store_under_memory_pressure_demotes_to_ssd_and_serves_from_it() {
     s.store.host_capacity_bytes = 40 * tensor;
     s.store.ssd_capacity_bytes = 120 * tensor;
     let t = Arc::new(trace(&s).unwrap());
-    for policy in [PolicyKind::EvoStore, PolicyKind::PtStore] {
-        let run = simulate(&s, t.clone(), policy).unwrap();
+    for policy in ["evostore", "ptstore"] {
+        let run = simulate(&s, t.clone(), &s.preset(policy).unwrap()).unwrap();
         let st = run.summary.store.unwrap();
         assert!(run.report.records.iter().all(|r| r.completed()));
         assert!(st.stats.demoted > 0, "{policy:?}: {st:?}");
@@ -174,11 +173,11 @@ fn layerwise_loading_shortens_the_mean_ttft_of_store_policies() {
     use meshsim::serving::store::LoadOverlap;
     let mut s = common::small();
     let t = Arc::new(trace(&s).unwrap());
-    for policy in [PolicyKind::EvoStore, PolicyKind::PtStore] {
+    for policy in ["evostore", "ptstore"] {
         let mut ttft = Vec::new();
         for overlap in [LoadOverlap::None, LoadOverlap::Layerwise] {
             s.store.load_overlap = overlap;
-            let run = simulate(&s, t.clone(), policy).unwrap();
+            let run = simulate(&s, t.clone(), &s.preset(policy).unwrap()).unwrap();
             assert!(run.report.records.iter().all(|r| r.completed()));
             let loaded: u64 = run.summary.loaded_bytes.iter().sum();
             assert!(loaded > 0, "{policy:?} under {overlap:?} loaded nothing");
@@ -205,9 +204,9 @@ fn kv_aware_routing_sends_shared_prefixes_back_where_they_are_cached() {
     s.serving.instance.num_blocks = 700; // 11k tokens: about five 2k-token contexts
     s.serving.router = meshsim::serving::router::RouterStrategy::RoundRobin;
     let t = Arc::new(trace(&s).unwrap());
-    let rr = simulate(&s, t.clone(), PolicyKind::LocalPrefix).unwrap();
+    let rr = simulate(&s, t.clone(), &s.preset("local-prefix").unwrap()).unwrap();
     s.serving.router = meshsim::serving::router::RouterStrategy::KvAware;
-    let kv = simulate(&s, t.clone(), PolicyKind::LocalPrefix).unwrap();
+    let kv = simulate(&s, t.clone(), &s.preset("local-prefix").unwrap()).unwrap();
     assert!(kv.report.records.iter().all(|r| r.completed()));
     assert!(
         kv.summary.prefix_hit_ratio > rr.summary.prefix_hit_ratio,
@@ -223,12 +222,8 @@ fn kv_aware_routing_sends_shared_prefixes_back_where_they_are_cached() {
     }
     assert_eq!(used.len(), 4, "{used:?}");
     // It works with every policy.
-    for policy in [
-        PolicyKind::Vanilla,
-        PolicyKind::EvoStore,
-        PolicyKind::PtStore,
-    ] {
-        let run = simulate(&s, t.clone(), policy).unwrap();
+    for policy in ["vanilla", "evostore", "ptstore"] {
+        let run = simulate(&s, t.clone(), &s.preset(policy).unwrap()).unwrap();
         assert!(
             run.report.records.iter().all(|r| r.completed()),
             "{policy:?}"

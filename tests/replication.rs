@@ -6,11 +6,13 @@ mod common;
 
 use std::sync::Arc;
 
+use meshsim::Tier;
 use meshsim::serving::build::trace;
 use meshsim::serving::sim::simulate;
+use meshsim::serving::store::TierEviction;
+use meshsim::serving::store::admission::Admission;
 use meshsim::serving::store::directory::{Directory, Location, StoreParams};
 use meshsim::serving::store::eviction::Eviction;
-use meshsim::{PolicyKind, Tier};
 
 #[test]
 fn a_replicated_prefix_is_read_from_the_local_replica() {
@@ -20,7 +22,8 @@ fn a_replicated_prefix_is_read_from_the_local_replica() {
         host_capacity: 64 << 20,
         replica_capacity: 16 << 20,
         ssd_capacity: 0,
-        eviction: Eviction::Lru,
+        eviction: TierEviction::all(Eviction::Lru),
+        admission: Admission::Always,
         consolidate: true,
         replicate_after_reads: Some(2),
         host_ns_per_byte: 0.1,
@@ -77,8 +80,8 @@ fn ptstore_beats_evostore_when_remote_loads_cross_a_slow_network() {
     s.store.ptstore.eviction = s.store.evostore.eviction;
     s.store.ptstore.consolidate = false;
     let t = Arc::new(trace(&s).unwrap());
-    let evo = simulate(&s, t.clone(), PolicyKind::EvoStore).unwrap();
-    let pt = simulate(&s, t, PolicyKind::PtStore).unwrap();
+    let evo = simulate(&s, t.clone(), &s.preset("evostore").unwrap()).unwrap();
+    let pt = simulate(&s, t, &s.preset("ptstore").unwrap()).unwrap();
     for run in [&evo, &pt] {
         assert!(run.report.records.iter().all(|r| r.completed()));
     }

@@ -5,6 +5,8 @@
 use std::collections::BTreeMap;
 
 use meshsim::hash::{ROOT_PARENT, block_hash};
+use meshsim::serving::store::TierEviction;
+use meshsim::serving::store::admission::Admission;
 use meshsim::serving::store::directory::{Directory, StoreEvent, StoreParams, TensorId};
 use meshsim::serving::store::eviction::Eviction;
 
@@ -29,7 +31,8 @@ impl Script {
             host_capacity: 400 + replica_capacity,
             replica_capacity,
             ssd_capacity: 200,
-            eviction,
+            eviction: TierEviction::all(eviction),
+            admission: Admission::Always,
             consolidate: true,
             replicate_after_reads,
             host_ns_per_byte: 0.04,

@@ -13,6 +13,8 @@
 mod common;
 
 use common::chain;
+use meshsim::serving::store::TierEviction;
+use meshsim::serving::store::admission::Admission;
 use meshsim::serving::store::directory::{Directory, Location, StoreEvent, StoreParams};
 use meshsim::serving::store::eviction::{Eviction, EvictionQueue};
 
@@ -62,7 +64,8 @@ fn one_node() -> Directory {
         host_capacity: 100,
         replica_capacity: 0,
         ssd_capacity: 200,
-        eviction: Eviction::Gdsf,
+        eviction: TierEviction::all(Eviction::Gdsf),
+        admission: Admission::Always,
         consolidate: false,
         replicate_after_reads: None,
         host_ns_per_byte: 0.1,

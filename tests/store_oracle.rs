@@ -20,6 +20,8 @@ mod common;
 mod oracle;
 
 use common::chain;
+use meshsim::serving::store::TierEviction;
+use meshsim::serving::store::admission::Admission;
 use meshsim::serving::store::directory::{Directory, Location, StoreEvent, StoreParams, TensorId};
 use meshsim::serving::store::eviction::Eviction;
 use oracle::Oracle;
@@ -238,7 +240,8 @@ fn params() -> impl Strategy<Value = StoreParams> {
                 host_capacity: host * 10,
                 replica_capacity: host * 10 * eighths / 8,
                 ssd_capacity: ssd * 10,
-                eviction: if gdsf { Eviction::Gdsf } else { Eviction::Lru },
+                eviction: TierEviction::all(if gdsf { Eviction::Gdsf } else { Eviction::Lru }),
+                admission: Admission::Always,
                 consolidate,
                 replicate_after_reads: (after > 0).then_some(after),
                 host_ns_per_byte: 0.04,
@@ -379,7 +382,8 @@ fn scenario_params(eviction: Eviction) -> StoreParams {
         host_capacity: 20,
         replica_capacity: 0,
         ssd_capacity: 10,
-        eviction,
+        eviction: TierEviction::all(eviction),
+        admission: Admission::Always,
         consolidate: false,
         replicate_after_reads: None,
         host_ns_per_byte: 0.04,
@@ -456,7 +460,8 @@ fn replication_params() -> StoreParams {
         // Room for two replicas; the owned cache holds four tensors.
         replica_capacity: 20,
         ssd_capacity: 0,
-        eviction: Eviction::Lru,
+        eviction: TierEviction::all(Eviction::Lru),
+        admission: Admission::Always,
         consolidate: false,
         replicate_after_reads: Some(1),
         host_ns_per_byte: 0.04,

@@ -10,6 +10,8 @@ mod common;
 use std::collections::BTreeSet;
 
 use common::chain;
+use meshsim::serving::store::TierEviction;
+use meshsim::serving::store::admission::Admission;
 use meshsim::serving::store::directory::{Directory, StoreEvent, StoreParams, TensorId};
 use meshsim::serving::store::eviction::Eviction;
 use proptest::prelude::*;
@@ -60,7 +62,8 @@ fn params() -> impl Strategy<Value = StoreParams> {
                 // Not always a whole number of tensors, nor is the owned rest.
                 replica_capacity: host * 10 * eighths / 8,
                 ssd_capacity: ssd * 10,
-                eviction: if gdsf { Eviction::Gdsf } else { Eviction::Lru },
+                eviction: TierEviction::all(if gdsf { Eviction::Gdsf } else { Eviction::Lru }),
+                admission: Admission::Always,
                 consolidate,
                 replicate_after_reads: (after > 0).then_some(after),
                 host_ns_per_byte: 0.04,
@@ -206,7 +209,8 @@ fn the_committed_regression_case_keeps_the_store_consistent() {
         host_capacity: 10,
         replica_capacity: 0,
         ssd_capacity: 10,
-        eviction: Eviction::Lru,
+        eviction: TierEviction::all(Eviction::Lru),
+        admission: Admission::Always,
         consolidate: false,
         replicate_after_reads: None,
         host_ns_per_byte: 0.04,

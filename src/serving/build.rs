@@ -18,10 +18,9 @@ use super::instance::{Instance, InstanceConfig, StoreLink};
 use super::kv::prompt_hashes::PromptHashes;
 use super::kv_routing::KvRouting;
 use super::metadata::Metadata;
-use super::policy::{Policy, PolicyKind, PolicySpec};
+use super::policy::{Policy, Scope, StoreRules};
 use super::router::{Router, RouterStrategy};
 use super::scenario::Scenario;
-use super::store::StoreRules;
 use super::store::directory::{Directory, StoreParams};
 use super::store::memory::ClusterMemory;
 use super::store_server::StoreServer;
@@ -71,7 +70,7 @@ pub fn trace(s: &Scenario) -> Result<Trace, TraceError> {
 /// The store's sizes and GDSF costs, from the scenario's hardware and model.
 pub fn store_params(s: &Scenario, rules: &StoreRules) -> StoreParams {
     let hw = &s.hardware;
-    let g = s.store.tensor_tokens as u64;
+    let g = rules.tensor_tokens as u64;
     let cost = s.batch_backend();
     let prefill = |cached: u64| {
         let mut b = BatchShape::default();
@@ -82,10 +81,11 @@ pub fn store_params(s: &Scenario, rules: &StoreRules) -> StoreParams {
     StoreParams {
         nodes: hw.nodes,
         tensor_bytes: g * s.model.kv_bytes_per_token(),
-        host_capacity: s.store.host_capacity_bytes,
-        replica_capacity: (s.store.host_capacity_bytes as f64 * rules.replica_fraction) as u64,
-        ssd_capacity: s.store.ssd_capacity_bytes,
+        host_capacity: rules.host_capacity_bytes,
+        replica_capacity: (rules.host_capacity_bytes as f64 * rules.replica_fraction) as u64,
+        ssd_capacity: rules.ssd_capacity_bytes,
         eviction: rules.eviction,
+        admission: rules.admission,
         consolidate: rules.consolidate,
         replicate_after_reads: rules.replicate_after_reads,
         host_ns_per_byte: 1e9 / hw.pcie.bandwidth,
@@ -106,17 +106,17 @@ pub type Placed = Vec<(Box<dyn Actor<Msg>>, Place)>;
 pub fn actors(
     s: &Scenario,
     trace: Arc<Trace>,
-    policy: PolicyKind,
+    policy: &Policy,
     backend: &mut dyn FnMut(u32) -> Box<dyn BatchBackend>,
     memory: Option<Arc<ClusterMemory>>,
 ) -> (Placed, Targets) {
-    let policy_impl: Arc<dyn Policy> = Arc::from(policy.build(&s.store));
+    let policy_impl: Arc<Policy> = Arc::new(policy.clone());
     let n = s.instances();
     let router_id = ActorId(0);
     let instance_ids: Vec<ActorId> = (0..n).map(|i| ActorId(1 + i)).collect();
     let metadata_id = ActorId(1 + n);
     let server_ids: Vec<ActorId> = (0..s.hardware.nodes).map(|i| ActorId(2 + n + i)).collect();
-    let rules = policy_impl.store_rules();
+    let rules = policy.store_rules();
     let nodes: Vec<u32> = (0..n)
         .map(|i| s.instance_place(i).node().unwrap_or(0))
         .collect();
@@ -156,7 +156,7 @@ pub fn actors(
         }
     }
     if let Some(rules) = rules {
-        let mut dir = Directory::new(store_params(s, &rules));
+        let mut dir = Directory::new(store_params(s, rules));
         dir.set_lease(s.store.read_lease.0);
         let mut metadata = Metadata::new(dir, s.store.metadata_service, server_ids.clone());
         if memory.is_some() {
@@ -185,7 +185,7 @@ pub struct InstanceSpec {
     pub index: u32,
     pub router: ActorId,
     pub config: InstanceConfig,
-    pub policy: PolicySpec,
+    pub policy: Policy,
     /// How it reaches the store (store policies only).
     pub link: Option<StoreLink>,
 }
@@ -197,7 +197,7 @@ impl InstanceSpec {
         &self,
         trace: Arc<Trace>,
         hashes: Arc<PromptHashes>,
-        policy: Arc<dyn Policy>,
+        policy: Arc<Policy>,
         backend: Box<dyn BatchBackend>,
     ) -> Instance {
         Instance::new(
@@ -244,38 +244,39 @@ pub enum ActorSpec {
 /// The instances and store servers of a run of `policy` on `s`: `(actor id, spec, place)`,
 /// in id order. The router is actor 0, instance `i` actor `1 + i`, the metadata service
 /// `1 + instances`, node `n`'s store server `2 + instances + n` (store policies only).
-pub fn specs(s: &Scenario, policy: PolicyKind) -> Vec<(u32, ActorSpec, Place)> {
-    let p = policy.spec(&s.store);
+pub fn specs(s: &Scenario, policy: &Policy) -> Vec<(u32, ActorSpec, Place)> {
     let n = s.instances();
     let metadata = ActorId(1 + n);
     let servers: Vec<ActorId> = (0..s.hardware.nodes).map(|i| ActorId(2 + n + i)).collect();
     let mut out = Vec::new();
     for i in 0..n {
         let place = s.instance_place(i);
-        let link = p.rules.map(|_| StoreLink {
+        let node = place.node().unwrap_or(0);
+        let link = policy.store_rules().map(|r| StoreLink {
             metadata,
             servers: servers.clone(),
-            node: place.node().unwrap_or(0),
-            tensor_tokens: s.store.tensor_tokens,
-            tensor_bytes: s.store.tensor_tokens as u64 * s.model.kv_bytes_per_token(),
-            overlap: s.store.load_overlap,
+            node,
+            tensor_tokens: r.tensor_tokens,
+            tensor_bytes: r.tensor_tokens as u64 * s.model.kv_bytes_per_token(),
+            overlap: r.load_overlap,
             layers: s.model.layers as u32,
+            namespace: namespace(r.scope, node, i),
         });
         let spec = InstanceSpec {
             index: i,
             router: ActorId(0),
             config: s.serving.instance,
-            policy: p,
+            policy: policy.clone(),
             link,
         };
         out.push((1 + i, ActorSpec::Instance(spec), place));
     }
-    if p.rules.is_some() {
+    if let Some(r) = policy.store_rules() {
         for node in 0..s.hardware.nodes {
             let spec = ServerSpec {
                 node,
                 metadata,
-                capacity: s.store.host_capacity_bytes + s.store.ssd_capacity_bytes,
+                capacity: r.host_capacity_bytes + r.ssd_capacity_bytes,
             };
             out.push((
                 servers[node as usize].0,
@@ -285,6 +286,16 @@ pub fn specs(s: &Scenario, policy: PolicyKind) -> Vec<(u32, ActorSpec, Place)> {
         }
     }
     out
+}
+
+/// The namespace of an instance's tensor ids under a store of `scope` (see
+/// [`StoreLink::namespace`]): none across the cluster, its node's or its own otherwise.
+fn namespace(scope: Scope, node: u32, instance: u32) -> Option<u64> {
+    match scope {
+        Scope::Cluster => None,
+        Scope::Node => Some(u64::from(node)),
+        Scope::Instance => Some((1 << 32) | u64::from(instance)),
+    }
 }
 
 /// The candle configuration of the scenario's model.

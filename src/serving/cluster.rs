@@ -41,7 +41,7 @@ use super::Msg;
 use super::build::{ActorSpec, actors, specs, transformer};
 use super::kv::prompt_hashes::PromptHashes;
 use super::outcome::{AcrossProcesses, PolicyRun};
-use super::policy::{Policy, PolicyKind};
+use super::policy::Policy;
 use super::scenario::Scenario;
 use super::store::directory::Location;
 use super::store::memory::ClusterMemory;
@@ -258,7 +258,15 @@ impl System for Serving {
                 if c.max_num_seqs == 0 || c.max_num_seqs > 1 << 16 || c.max_waiting > 1 << 24 {
                     return Err(format!("instance {}: limits out of range", i.index));
                 }
-                let policy: Arc<dyn Policy> = Arc::from(i.policy.build()?);
+                if i.policy.uses_store() != i.link.is_some() {
+                    return Err(format!(
+                        "instance {}: policy {} {} a store link",
+                        i.index,
+                        i.policy.name(),
+                        if i.link.is_some() { "with" } else { "without" }
+                    ));
+                }
+                let policy = Arc::new(i.policy.clone());
                 let source = i
                     .link
                     .as_ref()
@@ -323,7 +331,7 @@ impl Drop for NodeShared {
 }
 
 /// The run data of `s` with `trace`.
-pub fn run_data(s: &Scenario, trace: &Trace, policy: PolicyKind) -> Result<RunData, LiveError> {
+pub fn run_data(s: &Scenario, trace: &Trace, policy: &Policy) -> Result<RunData, LiveError> {
     let n = s.instances();
     Ok(RunData {
         model: transformer(s)?,
@@ -344,26 +352,35 @@ pub fn run_data(s: &Scenario, trace: &Trace, policy: PolicyKind) -> Result<RunDa
 /// placement, or its largest message (a whole prompt's store write).
 pub fn max_frame(s: &Scenario, trace: &Trace) -> Result<u64, LiveError> {
     let cfg = |e: &dyn std::fmt::Display| LiveError::Config(e.to_string());
-    let data = run_data(s, trace, PolicyKind::PtStore)?;
-    let setup = postcard::to_allocvec(&data).map_err(|e| cfg(&e))?.len() as u64
-        // The setup's other fields: the processes' addresses, every actor's home.
-        + 4096
-        + 4 * (s.instances() as u64 + s.hardware.nodes as u64 + 2);
-    let place: u64 = specs(s, PolicyKind::PtStore)
-        .iter()
-        .map(|(_, spec, _)| postcard::to_allocvec(spec).map_or(0, |b| b.len() as u64 + 16))
-        .sum();
+    // The largest of every policy's setup and placement (a store policy's are the larger).
+    let mut setup = 0;
+    let mut place = 0;
+    let mut tensor_tokens = s.store.tensor_tokens as u64;
+    for p in &s.policies {
+        let data = run_data(s, trace, p)?;
+        let bytes = postcard::to_allocvec(&data).map_err(|e| cfg(&e))?.len() as u64
+            // The setup's other fields: the processes' addresses, every actor's home.
+            + 4096
+            + 4 * (s.instances() as u64 + s.hardware.nodes as u64 + 2);
+        setup = bytes.max(setup);
+        let placed: u64 = specs(s, p)
+            .iter()
+            .map(|(_, spec, _)| postcard::to_allocvec(spec).map_or(0, |b| b.len() as u64 + 16))
+            .sum();
+        place = placed.max(place);
+        if let Some(r) = p.store_rules() {
+            tensor_tokens = tensor_tokens.max(r.tensor_tokens as u64);
+        }
+    }
+    let model = transformer(s)?;
     let longest = trace
         .requests
         .iter()
         .map(|r| r.prompt_tokens as u64)
         .max()
         .unwrap_or(1);
-    let message = super::wire::largest_message(
-        longest,
-        s.store.tensor_tokens as u64,
-        data.model.f32_kv_bytes_per_token(),
-    );
+    let message =
+        super::wire::largest_message(longest, tensor_tokens, model.f32_kv_bytes_per_token());
     Ok(setup.max(place).max(message) + FRAME_OVERHEAD)
 }
 
@@ -372,7 +389,7 @@ pub fn max_frame(s: &Scenario, trace: &Trace) -> Result<u64, LiveError> {
 pub async fn live(
     s: &Scenario,
     trace: Arc<Trace>,
-    policy: PolicyKind,
+    policy: &Policy,
     coordinator: &mut Coordinator,
 ) -> Result<PolicyRun, LiveError> {
     let started = Instant::now();
@@ -430,7 +447,7 @@ pub async fn live(
     );
     let summary = Summary::new(policy.name(), &out.report, out.messages);
     Ok(PolicyRun {
-        policy,
+        policy: policy.clone(),
         summary,
         link_bytes: LinkBytes::default(),
         wall: started.elapsed().max(out.wall),

@@ -29,7 +29,7 @@ use candle_core::DType;
 
 use super::build::{actors, transformer};
 use super::outcome::{OutputCheck, PolicyRun};
-use super::policy::PolicyKind;
+use super::policy::Policy;
 use super::scenario::Scenario;
 use super::store::memory::ClusterMemory;
 use crate::backend::{BatchBackend, PagedCandleBackend, Timing};
@@ -63,11 +63,14 @@ pub fn live_bytes(s: &Scenario) -> u64 {
         * cfg.num_blocks as u64
         * cfg.block_size as u64
         * f32_model.kv_bytes_per_token();
-    let stores = if s.policies.iter().any(|p| p.uses_store()) {
-        s.hardware.nodes as u64 * (s.store.host_capacity_bytes + s.store.ssd_capacity_bytes)
-    } else {
-        0
-    };
+    // Policies run one after the other: the largest store is what a run may hold at once.
+    let stores = s
+        .policies
+        .iter()
+        .filter_map(|p| p.store_rules())
+        .map(|r| s.hardware.nodes as u64 * (r.host_capacity_bytes + r.ssd_capacity_bytes))
+        .max()
+        .unwrap_or(0);
     f32_model
         .weight_bytes()
         .saturating_add(kv)
@@ -112,7 +115,7 @@ pub fn check_live(s: &Scenario, file: &str) -> Result<(), ScenarioError> {
 pub async fn live(
     s: &Scenario,
     trace: Arc<Trace>,
-    policy: PolicyKind,
+    policy: &Policy,
 ) -> Result<PolicyRun, LiveError> {
     live_with(s, trace, policy, None).await
 }
@@ -122,7 +125,7 @@ pub async fn live(
 pub async fn live_with(
     s: &Scenario,
     trace: Arc<Trace>,
-    policy: PolicyKind,
+    policy: &Policy,
     corrupt: Option<f32>,
 ) -> Result<PolicyRun, LiveError> {
     let started = Instant::now();
@@ -173,7 +176,7 @@ pub async fn live_with(
         log_memory(policy, m);
     }
     Ok(PolicyRun {
-        policy,
+        policy: policy.clone(),
         report: out.report,
         summary,
         link_bytes: LinkBytes::default(),
@@ -222,7 +225,7 @@ fn backends(
 /// Logs where a live run's iterations spent their time, in all and by kind, with what the
 /// scenario's profile prices them at (`price`).
 fn log_timing(
-    policy: PolicyKind,
+    policy: &Policy,
     t: &Timing,
     price: &dyn Fn(&[f64; crate::model::batch_profile::TERMS]) -> Option<f64>,
 ) {
@@ -260,7 +263,7 @@ fn log_timing(
 }
 
 /// Logs what each node's store memory held and served in a live run.
-fn log_memory(policy: PolicyKind, m: &ClusterMemory) {
+fn log_memory(policy: &Policy, m: &ClusterMemory) {
     for node in 0..m.nodes() {
         let st = m.stats(node);
         tracing::info!(
@@ -319,7 +322,7 @@ async fn live_points(
     let mut runs = Vec::new();
     for (&(label, p), trace) in points.iter().zip(traces) {
         let mut mine = Vec::new();
-        for &policy in &p.policies {
+        for policy in &p.policies {
             let mut r = match coordinator.as_deref_mut() {
                 Some(c) => {
                     let r = super::cluster::live(p, trace.clone(), policy, c).await;
@@ -412,15 +415,15 @@ fn fits_the_model(s: &Scenario, trace: &Trace) -> Result<(), TraceError> {
 /// request: equal greedy tokens, first-token logits within [`LOGIT_TOLERANCE`]. Empty when
 /// no run is vanilla.
 pub fn check_outputs(runs: &[PolicyRun]) -> Vec<OutputCheck> {
-    let Some(base) = runs.iter().find(|r| r.policy == PolicyKind::Vanilla) else {
+    let Some(base) = runs.iter().find(|r| r.policy.reuses_nothing()) else {
         return Vec::new();
     };
     let (base_tokens, base_logits) = by_req(base);
     let mut checks = Vec::new();
-    for r in runs.iter().filter(|r| r.policy != PolicyKind::Vanilla) {
+    for r in runs.iter().filter(|r| !std::ptr::eq(*r, base)) {
         let (tokens, logits) = by_req(r);
         let mut c = OutputCheck {
-            policy: r.policy.name(),
+            policy: r.policy.name().to_string(),
             requests: 0,
             max_logit_diff: 0.0,
             problem: None,

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::policy::PolicyKind;
+use super::policy::Policy;
 use super::scenario::Scenario;
 use crate::hardware::network::LinkBytes;
 use crate::metrics::{Report, Summary};
@@ -13,7 +13,7 @@ use crate::results::RequestRows;
 /// One policy's simulation.
 #[derive(Debug)]
 pub struct PolicyRun {
-    pub policy: PolicyKind,
+    pub policy: Policy,
     pub report: Report,
     pub summary: Summary,
     pub link_bytes: LinkBytes,
@@ -47,7 +47,7 @@ pub struct AcrossProcesses {
 /// How one policy's outputs compare with vanilla's.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OutputCheck {
-    pub policy: &'static str,
+    pub policy: String,
     /// Requests completed under both.
     pub requests: usize,
     /// Largest difference of first-token logits over those requests.

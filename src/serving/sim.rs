@@ -15,7 +15,7 @@ use super::Msg;
 use super::build::actors;
 use super::chaos::{Chaos, Targets};
 use super::outcome::PolicyRun;
-use super::policy::PolicyKind;
+use super::policy::Policy;
 use super::scenario::Scenario;
 use crate::fault::Fault;
 use crate::hardware::Place;
@@ -76,11 +76,7 @@ impl Spool<'_> {
 }
 
 /// Simulates one policy on `trace`.
-pub fn simulate(
-    s: &Scenario,
-    trace: Arc<Trace>,
-    policy: PolicyKind,
-) -> Result<PolicyRun, SimError> {
+pub fn simulate(s: &Scenario, trace: Arc<Trace>, policy: &Policy) -> Result<PolicyRun, SimError> {
     simulate_checked(s, trace, policy, DEFAULT_CHECK_EVERY)
 }
 
@@ -89,7 +85,7 @@ pub fn simulate(
 pub fn simulate_checked(
     s: &Scenario,
     trace: Arc<Trace>,
-    policy: PolicyKind,
+    policy: &Policy,
     check_every: u64,
 ) -> Result<PolicyRun, SimError> {
     simulate_watched(s, trace, policy, check_every, None)
@@ -99,7 +95,7 @@ pub fn simulate_checked(
 pub fn simulate_watched(
     s: &Scenario,
     trace: Arc<Trace>,
-    policy: PolicyKind,
+    policy: &Policy,
     check_every: u64,
     progress: Option<Arc<Progress>>,
 ) -> Result<PolicyRun, SimError> {
@@ -129,7 +125,7 @@ pub fn simulate_watched(
     let outcome = host.run()?;
     let summary = Summary::new(policy.name(), &outcome.report, outcome.events);
     Ok(PolicyRun {
-        policy,
+        policy: policy.clone(),
         report: outcome.report,
         summary,
         link_bytes: outcome.link_bytes,
@@ -193,7 +189,7 @@ pub fn simulate_all(
     let jobs: Vec<Job> = s
         .policies
         .iter()
-        .map(|&policy| Job {
+        .map(|policy| Job {
             label: None,
             scenario: s,
             trace: trace.clone(),
@@ -219,7 +215,7 @@ struct Job<'a> {
     label: Option<&'a str>,
     scenario: &'a Scenario,
     trace: Arc<Trace>,
-    policy: PolicyKind,
+    policy: &'a Policy,
     /// Where its progress goes.
     progress: Option<Arc<Progress>>,
     /// Its index in the whole run.
@@ -320,7 +316,7 @@ pub fn simulate_share(
                 "trace built"
             );
             let span = t.requests.last().map_or(Nanos::ZERO, |r| r.arrival);
-            for (j, &p) in sc.policies.iter().enumerate() {
+            for (j, p) in sc.policies.iter().enumerate() {
                 if owns(i + j) {
                     let progress = board.map(|b| {
                         let at = label.map_or(String::new(), |l| format!("[{l}] "));

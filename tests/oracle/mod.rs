@@ -211,9 +211,18 @@ impl Oracle {
             .any(|c| self.tensors[c].parent == Some(id))
     }
 
-    /// Eviction order: LRU by last access, GDSF by priority; then by id.
-    fn order(&self, a: (TensorId, &History), b: (TensorId, &History)) -> Ordering {
-        let by_key = match self.p.eviction {
+    /// The eviction order of queue `q`.
+    fn kind(&self, q: Queue) -> Eviction {
+        match q {
+            Queue::Host => self.p.eviction.host,
+            Queue::Ssd => self.p.eviction.ssd,
+            Queue::Replicas => self.p.eviction.replica,
+        }
+    }
+
+    /// Eviction order of `kind`: LRU by last access, GDSF by priority; then by id.
+    fn order(kind: Eviction, a: (TensorId, &History), b: (TensorId, &History)) -> Ordering {
+        let by_key = match kind {
             Eviction::Lru => a.1.tick.cmp(&b.1.tick),
             Eviction::Gdsf => priority(a.1).total_cmp(&priority(b.1)),
         };
@@ -222,10 +231,11 @@ impl Oracle {
 
     /// The first candidate in eviction order; advances the tier's GDSF clock to its priority.
     fn pick(&mut self, node: u32, q: Queue, cands: Vec<(TensorId, History)>) -> Option<TensorId> {
+        let kind = self.kind(q);
         let (id, h) = cands
             .into_iter()
-            .min_by(|a, b| self.order((a.0, &a.1), (b.0, &b.1)))?;
-        if self.p.eviction == Eviction::Gdsf {
+            .min_by(|a, b| Self::order(kind, (a.0, &a.1), (b.0, &b.1)))?;
+        if kind == Eviction::Gdsf {
             self.clocks[node as usize][q as usize] = priority(&h);
         }
         Some(id)

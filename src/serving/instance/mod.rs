@@ -122,6 +122,11 @@ pub struct StoreLink {
     pub overlap: LoadOverlap,
     /// The model's layer count: a layer-wise load delivers `1/layers` of its bytes per layer.
     pub layers: u32,
+    /// The store's scope as the ids of this instance's tensors carry it: `None` across the
+    /// cluster (a tensor's id is its prefix's hash), otherwise a namespace (its node's, or its
+    /// own) mixed into every id, so that the store finds only what was stored from within the
+    /// scope.
+    pub namespace: Option<u64>,
 }
 
 /// A request in the instance. `repr(C)` and 64-byte aligned, with what every iteration reads and
@@ -250,7 +255,7 @@ pub struct Instance {
     busy_since: Option<Nanos>,
     /// Where the iteration in flight stands (meaningful while `busy_since` is set).
     phase: Phase,
-    policy: Arc<dyn Policy>,
+    policy: Arc<Policy>,
     /// Prices (or runs) each iteration.
     backend: Box<dyn BatchBackend>,
     stats: InstanceStats,
@@ -358,13 +363,13 @@ impl Instance {
         index: u32,
         router: ActorId,
         trace: Arc<Trace>,
-        policy: Arc<dyn Policy>,
+        policy: Arc<Policy>,
         cfg: InstanceConfig,
         store: Option<StoreLink>,
         backend: Box<dyn BatchBackend>,
     ) -> Instance {
         let look_in_gpu = policy.lookup_tiers().contains(&Tier::Gpu);
-        debug_assert_eq!(store.is_some(), policy.store_rules().is_some());
+        debug_assert_eq!(store.is_some(), policy.uses_store());
         Instance {
             index,
             router,
@@ -465,7 +470,9 @@ impl Instance {
             // A tensor's id is the hash of the last block of its chunk (hashes are chained).
             let per = (st.tensor_tokens / self.cfg.block_size) as usize;
             let hashes = &seq.cold.hashes;
-            (seq.cold.chain).extend((1..=hashes.len() / per).map(|c| hashes.get(c * per - 1)));
+            let ns = st.namespace;
+            let id = |h: u64| ns.map_or(h, |n| crate::hash::mix(h, n));
+            (seq.cold.chain).extend((1..=hashes.len() / per).map(|c| id(hashes.get(c * per - 1))));
             let gpu_blocks = if self.look_in_gpu {
                 self.pool
                     .longest_cached_prefix(&seq.cold.hashes, seq.cold.hashes.len())

@@ -10,19 +10,12 @@
 //! the instance's own GPU is searched: instances do not share blocks.
 
 use super::Policy;
-use crate::metrics::Tier;
 
-#[derive(Debug, Clone, Copy)]
-pub struct LocalPrefix;
-
-impl Policy for LocalPrefix {
-    fn name(&self) -> &'static str {
-        "local-prefix"
-    }
-    fn lookup_tiers(&self) -> &'static [Tier] {
-        &[Tier::Gpu]
-    }
-    fn keep_gpu_blocks(&self) -> bool {
-        true
+pub fn policy() -> Policy {
+    Policy {
+        name: "local-prefix".into(),
+        base: "local-prefix".into(),
+        gpu_prefix_cache: true,
+        store: None,
     }
 }

@@ -1,22 +1,30 @@
-//! Prefix-reuse policies: small strategies behind one narrow trait (DESIGN contract 5).
+//! Prefix-reuse policies as compositions (DESIGN contract 5).
 //!
-//! A policy says where a request looks for the KV of its prompt's prefix, and what is kept
-//! for later requests. The serving instance asks its policy and does the rest (allocation,
-//! scheduling, eviction mechanics), so adding a policy is one new file here plus its name in
-//! [`PolicyKind`].
+//! A policy is a table of independent choices ([`Policy`]): whether the GPU keeps freed
+//! prompt blocks indexed for later requests (its prefix cache), and, when it has tiers beyond
+//! the GPU, the store's rules ([`StoreRules`]): the scope within which a stored prefix is
+//! visible, the chunk (tensor) size, the capacity of host memory and SSD, eviction per tier,
+//! admission, replication and consolidation, and how loads overlap compute. The serving
+//! instance, the metadata service and the store servers read the table and do the rest; no
+//! code anywhere asks a policy for its name to decide what to do.
+//!
+//! Every built-in name is a *preset*: a function here that fills the table (one small file
+//! each, whose module doc says what it mirrors). A scenario lists policies by name and may
+//! write a `[policy.NAME]` table that starts from a preset (`base`) and changes any key (see
+//! [`crate::serving::scenario`] and docs/scenarios.md); `meshsim check FILE` prints every
+//! policy's resolved table.
 
 mod evostore;
 mod local_prefix;
 mod ptstore;
 mod vanilla;
 
-pub use local_prefix::LocalPrefix;
-pub use vanilla::Vanilla;
+pub use local_prefix::policy as local_prefix;
+pub use vanilla::policy as vanilla;
 
 use crate::metrics::Tier;
-use crate::serving::store::{StoreConfig, StoreRules};
-
-use std::fmt;
+use crate::serving::store::admission::Admission;
+use crate::serving::store::{LoadOverlap, StoreConfig, TierEviction};
 
 /// Where store policies look, in order: the GPU cache first, then the store's tiers.
 const STORE_TIERS: &[Tier] = &[
@@ -27,170 +35,129 @@ const STORE_TIERS: &[Tier] = &[
     Tier::RemoteSsd,
 ];
 
-/// A policy that uses the distributed prefix store: its rules, and whether it also keeps the
-/// GPU-local prefix cache. The store policies (`evostore`, `ptstore`) differ only in rules.
-#[derive(Debug, Clone, Copy)]
-pub struct StorePolicy {
-    name: &'static str,
-    rules: StoreRules,
-    gpu_cache: bool,
+/// Where a stored prefix is visible.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scope {
+    /// Only to the instance that stored it (a store per engine, e.g. LMCache's CPU tier).
+    Instance,
+    /// To every instance of the node that stored it (a node-wide host pool).
+    Node,
+    /// To every instance of the cluster, through the metadata service (EvoStore, PTStore).
+    Cluster,
 }
 
-impl Policy for StorePolicy {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-    fn lookup_tiers(&self) -> &'static [Tier] {
-        if self.gpu_cache {
-            STORE_TIERS
-        } else {
-            &STORE_TIERS[1..]
-        }
-    }
-    fn keep_gpu_blocks(&self) -> bool {
-        self.gpu_cache
-    }
-    fn store_rules(&self) -> Option<StoreRules> {
-        Some(self.rules)
-    }
+/// What a policy's store does: everything of the composition beyond the GPU.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StoreRules {
+    pub scope: Scope,
+    /// Tokens per tensor (a multiple of the KV block size).
+    pub tensor_tokens: u32,
+    /// Host memory per node: the owned cache and the replica cache together.
+    pub host_capacity_bytes: u64,
+    /// SSD per node (0: no SSD tier).
+    pub ssd_capacity_bytes: u64,
+    pub eviction: TierEviction,
+    pub admission: Admission,
+    /// The replica cache's share of host memory, in [0, 1); 0 without replication.
+    pub replica_fraction: f64,
+    /// Replicate after this many remote reads of a tensor by one node; `None`: never.
+    pub replicate_after_reads: Option<u32>,
+    pub consolidate: bool,
+    pub load_overlap: LoadOverlap,
 }
 
-/// A prefix-reuse policy.
-pub trait Policy: Send + Sync + fmt::Debug {
+/// A prefix-reuse policy: a composition, as it crosses processes too.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Policy {
     /// The name used in scenarios and results.
-    fn name(&self) -> &'static str;
+    pub name: String,
+    /// The preset it starts from (its own name for a preset).
+    pub base: String,
+    /// Whether full prompt blocks stay in GPU memory, indexed by their hash, once no running
+    /// request uses them (until evicted least recently used first), and requests look there.
+    pub gpu_prefix_cache: bool,
+    /// The store beyond the GPU; `None`: the GPU is the only tier.
+    pub store: Option<StoreRules>,
+}
+
+/// The built-in presets, in the order `meshsim check` and the docs list them.
+pub const PRESETS: &[&str] = &["vanilla", "local-prefix", "evostore", "ptstore"];
+
+/// The preset called `name`, its store figures from the scenario's `[store]` table; `None`
+/// for a name that is not a preset.
+pub fn preset(name: &str, store: &StoreConfig) -> Option<Policy> {
+    match name {
+        "vanilla" => Some(vanilla()),
+        "local-prefix" => Some(local_prefix()),
+        "evostore" => Some(evostore::policy(store)),
+        "ptstore" => Some(ptstore::policy(store)),
+        _ => None,
+    }
+}
+
+impl Policy {
+    /// The name used in scenarios and results.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
 
     /// Where a request looks for its prefix, in order.
-    fn lookup_tiers(&self) -> &'static [Tier];
-
-    /// Whether full prompt blocks stay in GPU memory, indexed by their hash, once no running
-    /// request uses them (until evicted least recently used first).
-    fn keep_gpu_blocks(&self) -> bool;
-
-    /// For policies that use the distributed prefix store: what it stores, replicates and
-    /// evicts. `None` for policies without a store.
-    fn store_rules(&self) -> Option<StoreRules> {
-        None
-    }
-}
-
-/// The policies a scenario can name.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum PolicyKind {
-    Vanilla,
-    LocalPrefix,
-    #[serde(rename = "evostore")]
-    EvoStore,
-    #[serde(rename = "ptstore")]
-    PtStore,
-}
-
-impl PolicyKind {
-    /// The policy with the scenario's store settings.
-    pub fn build(self, store: &StoreConfig) -> Box<dyn Policy> {
-        match self {
-            PolicyKind::Vanilla => Box::new(Vanilla),
-            PolicyKind::LocalPrefix => Box::new(LocalPrefix),
-            PolicyKind::EvoStore => Box::new(evostore::policy(store)),
-            PolicyKind::PtStore => Box::new(ptstore::policy(store)),
+    pub fn lookup_tiers(&self) -> &'static [Tier] {
+        match (self.gpu_prefix_cache, self.store.is_some()) {
+            (_, true) if self.gpu_prefix_cache => STORE_TIERS,
+            (_, true) => &STORE_TIERS[1..],
+            (true, false) => &STORE_TIERS[..1],
+            (false, false) => &[],
         }
     }
 
-    /// The policy with the scenario's store settings, as it crosses processes.
-    pub fn spec(self, store: &StoreConfig) -> PolicySpec {
-        let p = self.build(store);
-        PolicySpec {
-            kind: self,
-            rules: p.store_rules(),
-            gpu_cache: p.keep_gpu_blocks(),
-        }
+    /// Whether full prompt blocks stay in GPU memory once no running request uses them.
+    pub fn keep_gpu_blocks(&self) -> bool {
+        self.gpu_prefix_cache
     }
 
-    /// Whether the policy uses the distributed prefix store.
-    pub fn uses_store(self) -> bool {
-        matches!(self, PolicyKind::EvoStore | PolicyKind::PtStore)
+    /// The store's rules; `None` for a policy without tiers beyond the GPU.
+    pub fn store_rules(&self) -> Option<&StoreRules> {
+        self.store.as_ref()
     }
 
-    /// A policy's simulation time per request relative to vanilla's, rounded: only the
-    /// order in which a run starts its simulations depends on it (the most costly first, see
-    /// [`crate::sim::parallel_map_in`]), never a result. The order follows the policies'
-    /// simulation times on `polaris_full`: a store policy has about five times vanilla's
-    /// events (shorter iterations, transfers, store messages), and every policy with a prefix
-    /// cache registers and evicts each prompt's blocks.
-    pub fn relative_cost(self) -> u64 {
-        match self {
-            PolicyKind::Vanilla => 1,
-            PolicyKind::LocalPrefix => 3,
-            PolicyKind::EvoStore => 8,
-            PolicyKind::PtStore => 10,
-        }
+    /// Whether the policy uses the prefix store (a metadata service and store servers).
+    pub fn uses_store(&self) -> bool {
+        self.store.is_some()
     }
 
-    pub fn name(self) -> &'static str {
-        match self {
-            PolicyKind::Vanilla => "vanilla",
-            PolicyKind::LocalPrefix => "local-prefix",
-            PolicyKind::EvoStore => "evostore",
-            PolicyKind::PtStore => "ptstore",
-        }
+    /// Whether nothing is reused between requests (the baseline live runs compare with).
+    pub fn reuses_nothing(&self) -> bool {
+        !self.gpu_prefix_cache && self.store.is_none()
     }
-}
 
-/// A policy as the serving actors get it (what [`PolicyKind::build`] makes of a scenario's
-/// store settings), in a form that crosses processes.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct PolicySpec {
-    pub kind: PolicyKind,
-    /// The store policies' rules (`None` for the others).
-    pub rules: Option<StoreRules>,
-    /// Whether full prompt blocks stay in GPU memory (store policies: the GPU prefix cache).
-    pub gpu_cache: bool,
-}
-
-impl PolicySpec {
-    /// The policy, or why not (a store policy without rules, or a policy of fixed GPU-cache
-    /// behaviour asked for the other).
-    pub fn build(&self) -> Result<Box<dyn Policy>, String> {
-        let p: Box<dyn Policy> = match (self.kind, self.rules) {
-            (PolicyKind::Vanilla, None) => Box::new(Vanilla),
-            (PolicyKind::LocalPrefix, None) => Box::new(LocalPrefix),
-            (PolicyKind::EvoStore | PolicyKind::PtStore, Some(rules)) => Box::new(StorePolicy {
-                name: self.kind.name(),
-                rules,
-                gpu_cache: self.gpu_cache,
-            }),
-            (kind, _) => {
-                return Err(format!(
-                    "policy {} with store rules {:?}",
-                    kind.name(),
-                    self.rules
-                ));
-            }
-        };
-        if p.keep_gpu_blocks() != self.gpu_cache {
-            return Err(format!(
-                "policy {} cannot have the GPU prefix cache {}",
-                p.name(),
-                if self.gpu_cache { "on" } else { "off" }
-            ));
+    /// A policy's simulation time per request relative to a policy that reuses nothing,
+    /// rounded: only the order in which a run starts its simulations depends on it (the most
+    /// costly first, see [`crate::sim::parallel_map_in`]), never a result. The figures follow
+    /// the presets' simulation times on `polaris_full`: a store policy has about five times
+    /// vanilla's events (shorter iterations, transfers, store messages), replication adds
+    /// more, and every policy with a prefix cache registers and evicts each prompt's blocks.
+    pub fn relative_cost(&self) -> u64 {
+        match &self.store {
+            Some(r) if r.replicate_after_reads.is_some() => 10,
+            Some(_) => 8,
+            None if self.gpu_prefix_cache => 3,
+            None => 1,
         }
-        Ok(p)
     }
 }
 
 #[cfg(test)]
-mod spec_tests {
+mod tests {
     use super::*;
 
     #[test]
-    fn a_policy_spec_builds_the_policy_the_scenario_would() {
+    fn the_presets_look_where_their_tiers_are() {
         use crate::serving::store::eviction::Eviction;
         use crate::serving::store::{EvoStoreConfig, PtStoreConfig};
         use crate::units::Nanos;
-        let mut store = StoreConfig {
+        let store = StoreConfig {
             tensor_tokens: 32,
             host_capacity_bytes: 1 << 30,
             ssd_capacity_bytes: 0,
@@ -210,27 +177,20 @@ mod spec_tests {
                 consolidate: true,
             },
         };
-        for gpu in [true, false] {
-            store.gpu_prefix_cache = gpu;
-            for k in [
-                PolicyKind::Vanilla,
-                PolicyKind::LocalPrefix,
-                PolicyKind::EvoStore,
-                PolicyKind::PtStore,
-            ] {
-                let want = k.build(&store);
-                let got = k.spec(&store).build().unwrap();
-                assert_eq!(got.name(), want.name());
-                assert_eq!(got.lookup_tiers(), want.lookup_tiers());
-                assert_eq!(got.keep_gpu_blocks(), want.keep_gpu_blocks());
-                assert_eq!(got.store_rules(), want.store_rules());
-            }
+        let tiers = |n: &str| preset(n, &store).unwrap().lookup_tiers();
+        assert_eq!(tiers("vanilla"), &[] as &[Tier]);
+        assert_eq!(tiers("local-prefix"), &[Tier::Gpu]);
+        assert_eq!(tiers("evostore"), STORE_TIERS);
+        assert_eq!(tiers("ptstore"), STORE_TIERS);
+        let mut off = store.clone();
+        off.gpu_prefix_cache = false;
+        assert_eq!(
+            preset("ptstore", &off).unwrap().lookup_tiers(),
+            &STORE_TIERS[1..]
+        );
+        assert!(preset("nothing", &store).is_none());
+        for n in PRESETS {
+            assert_eq!(preset(n, &store).unwrap().name, *n);
         }
-        let bad = PolicySpec {
-            kind: PolicyKind::Vanilla,
-            rules: None,
-            gpu_cache: true,
-        };
-        assert!(bad.build().is_err());
     }
 }

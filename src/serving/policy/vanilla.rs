@@ -2,19 +2,12 @@
 //! blocks are returned to the free pool, unindexed, when it ends.
 
 use super::Policy;
-use crate::metrics::Tier;
 
-#[derive(Debug, Clone, Copy)]
-pub struct Vanilla;
-
-impl Policy for Vanilla {
-    fn name(&self) -> &'static str {
-        "vanilla"
-    }
-    fn lookup_tiers(&self) -> &'static [Tier] {
-        &[]
-    }
-    fn keep_gpu_blocks(&self) -> bool {
-        false
+pub fn policy() -> Policy {
+    Policy {
+        name: "vanilla".into(),
+        base: "vanilla".into(),
+        gpu_prefix_cache: false,
+        store: None,
     }
 }

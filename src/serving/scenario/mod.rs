@@ -5,6 +5,7 @@
 //! (`crate::scenario::hardware`), `[model]` and `[serving]` (here), `[workload]`
 //! (`workload.rs`), `[store]` (`store.rs`) and `[limits]` (here).
 
+pub mod policy;
 pub(crate) mod raw;
 mod store;
 mod workload;
@@ -20,7 +21,7 @@ use crate::scenario::hardware::hardware;
 use crate::scenario::sweep::sweep_texts;
 use crate::scenario::{Check, Document, MAX_REQUESTS, MAX_TOKENS, MAX_WALL_S, ScenarioError};
 use crate::serving::instance::InstanceConfig;
-use crate::serving::policy::PolicyKind;
+use crate::serving::policy::Policy;
 use crate::serving::router::RouterStrategy;
 use crate::serving::store::StoreConfig;
 use crate::sim::kernel::{Limits, MAX_EVENTS, MAX_PENDING};
@@ -56,7 +57,8 @@ pub struct Scenario {
     /// The file's exact text, copied into the results.
     pub text: String,
     pub seed: u64,
-    pub policies: Vec<PolicyKind>,
+    /// The policies to run, resolved to their compositions, in the order listed.
+    pub policies: Vec<Policy>,
     pub hardware: HardwareSpec,
     pub model: ModelConfig,
     pub serving: Serving,
@@ -94,6 +96,12 @@ pub const MAX_BLOCKS_PER_INSTANCE: u32 = 1 << 24;
 pub const MAX_BLOCKS_TOTAL: u64 = 1 << 27;
 
 impl Scenario {
+    /// The preset called `name` with this scenario's `[store]` figures (whether listed or
+    /// not); `None` for a name that is not a preset.
+    pub fn preset(&self, name: &str) -> Option<crate::serving::policy::Policy> {
+        crate::serving::policy::preset(name, &self.store)
+    }
+
     /// Reads and validates a scenario file.
     pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
         let (file, text, stem) = crate::scenario::read_file(path, "scenario")?;
@@ -243,7 +251,6 @@ fn kv_bytes_per_instance(hw: &HardwareSpec, model: &ModelConfig, tp: u32, reserv
 fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenario, ScenarioError> {
     let c = Check { file };
     let name = c.name(r.name, default_name)?;
-    check_policies(&c, &r.policies)?;
 
     let hardware = hardware(&c, &r.hardware)?;
 
@@ -261,6 +268,12 @@ fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenar
     }
 
     let store = validate_store(&c, &r.store, &hardware, &model, serving.instance.block_size)?;
+    let bounds = policy::Bounds {
+        hw: &hardware,
+        model: &model,
+        block_size: serving.instance.block_size,
+    };
+    let policies = policy::policies(&c, &r.policies, &r.policy, &store, &bounds)?;
 
     let limits = limits(&c, &r.limits)?;
     check_arrival_span(&c, &workload, &limits)?;
@@ -272,7 +285,7 @@ fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenar
         name,
         text: text.to_string(),
         seed: r.seed,
-        policies: r.policies,
+        policies,
         hardware,
         model,
         serving,
@@ -290,20 +303,6 @@ fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenar
             .map(|f| Path::new(file).parent().unwrap_or(Path::new("")).join(f)),
         max_wall: max_wall(&c, r.limits.max_wall_s)?,
     })
-}
-
-/// Refuses an empty list of policies and a policy listed twice.
-fn check_policies(c: &Check, listed: &[PolicyKind]) -> Result<(), ScenarioError> {
-    if listed.is_empty() {
-        return Err(c.err("policies", "expected at least one policy"));
-    }
-    let mut policies = listed.to_vec();
-    policies.sort();
-    policies.dedup();
-    if policies.len() != listed.len() {
-        return Err(c.err("policies", "a policy is listed twice"));
-    }
-    Ok(())
 }
 
 /// Refuses a generated workload whose longest prompt does not fit in the model's context.

@@ -5,7 +5,6 @@ use serde::Deserialize;
 
 pub use crate::scenario::hardware::RawHardware;
 
-use crate::serving::policy::PolicyKind;
 use crate::serving::router::RouterStrategy;
 use crate::serving::store::LoadOverlap;
 use crate::serving::store::eviction::Eviction;
@@ -22,7 +21,11 @@ pub struct Raw {
     pub mode: RawMode,
     #[serde(default = "default_seed")]
     pub seed: u64,
-    pub policies: Vec<PolicyKind>,
+    /// Names of presets or of `[policy.NAME]` tables.
+    pub policies: Vec<String>,
+    /// `[policy.NAME]`: compositions (see [`super::policy`]).
+    #[serde(default)]
+    pub policy: std::collections::BTreeMap<String, super::policy::RawPolicy>,
     pub hardware: RawHardware,
     pub model: RawModel,
     #[serde(default)]

@@ -47,6 +47,7 @@
 //! promote tensors back to host memory. The model is not split into layer ranges here (one
 //! instance holds all layers), so a tensor covers every layer of its chunk.
 
+pub mod admission;
 pub mod directory;
 pub mod eviction;
 pub mod memory;
@@ -104,11 +105,22 @@ pub struct PtStoreConfig {
     pub consolidate: bool,
 }
 
-/// What a store policy does beyond EvoStore's incremental store.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct StoreRules {
-    pub eviction: Eviction,
-    pub replica_fraction: f64,
-    pub replicate_after_reads: Option<u32>,
-    pub consolidate: bool,
+/// The order each tier of a server evicts in: its owned host cache, its SSD and its replica
+/// cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TierEviction {
+    pub host: Eviction,
+    pub ssd: Eviction,
+    pub replica: Eviction,
+}
+
+impl TierEviction {
+    /// The same order in every tier.
+    pub fn all(e: Eviction) -> TierEviction {
+        TierEviction {
+            host: e,
+            ssd: e,
+            replica: e,
+        }
+    }
 }

@@ -4,7 +4,7 @@ use super::*;
 use crate::actor::Then;
 use crate::backend::BackendError;
 use crate::rng::Stream;
-use crate::serving::policy::{LocalPrefix, Vanilla};
+use crate::serving::policy::{local_prefix, vanilla};
 use crate::serving::store::directory::LoadGroup;
 use crate::workload::{Request, SegId, TokenArena};
 use std::sync::Mutex;
@@ -147,7 +147,7 @@ fn prompt_twice(tokens: u32) -> Arc<Trace> {
 
 fn instance(
     trace: Arc<Trace>,
-    policy: Arc<dyn Policy>,
+    policy: Arc<Policy>,
     blocks: u32,
     budget: u32,
     s: &Script,
@@ -196,7 +196,7 @@ fn drain(i: &mut Instance, s: &mut Script) {
 #[test]
 fn a_prompt_longer_than_the_budget_is_prefilled_in_chunks_before_its_first_token() {
     let mut s = script();
-    let mut i = instance(trace(&[150], 3), Arc::new(Vanilla), 100, 64, &s);
+    let mut i = instance(trace(&[150], 3), Arc::new(vanilla()), 100, 64, &s);
     i.handle(Msg::Submit(ReqId(0)), &mut s);
     assert_eq!(s.batches.len(), 1);
     assert_eq!(s.batches[0].new_tokens, 64);
@@ -221,7 +221,7 @@ fn when_blocks_run_out_the_newest_sequence_is_preempted_and_still_finishes() {
     // Two 32-token prompts (2 blocks each) generating 40 tokens each need 5 blocks apiece
     // at the end; 8 blocks cannot hold both, so the second is preempted and recomputed.
     let mut s = script();
-    let mut i = instance(trace(&[32, 32], 40), Arc::new(Vanilla), 8, 1024, &s);
+    let mut i = instance(trace(&[32, 32], 40), Arc::new(vanilla()), 8, 1024, &s);
     i.handle(Msg::Submit(ReqId(0)), &mut s);
     i.handle(Msg::Submit(ReqId(1)), &mut s);
     drain(&mut i, &mut s);
@@ -246,7 +246,7 @@ fn a_repeated_prompt_reuses_its_blocks_but_recomputes_its_last_token() {
     // the last block holds the last prompt token, which must be recomputed.
     let t = prompt_twice(64);
     let mut s = script();
-    let mut i = instance(t, Arc::new(LocalPrefix), 100, 1024, &s);
+    let mut i = instance(t, Arc::new(local_prefix()), 100, 1024, &s);
     i.handle(Msg::Submit(ReqId(0)), &mut s);
     drain(&mut i, &mut s);
     i.handle(Msg::Submit(ReqId(1)), &mut s);
@@ -259,7 +259,7 @@ fn a_repeated_prompt_reuses_its_blocks_but_recomputes_its_last_token() {
 #[test]
 fn unexpected_messages_are_violations_not_panics() {
     let mut s = script();
-    let mut i = instance(trace(&[32], 2), Arc::new(Vanilla), 100, 1024, &s);
+    let mut i = instance(trace(&[32], 2), Arc::new(vanilla()), 100, 1024, &s);
     // A work-done notice while idle, a load and a lookup reply for a request that is not
     // loading, and a message meant for the router.
     i.handle(Msg::WorkDone, &mut s);
@@ -296,7 +296,7 @@ fn its_cache_hint_names_the_running_batch_and_the_backend_as_the_batch_changes()
     // and all leave as they finish. The hint follows the running batch (whose array moves
     // when it grows) and always names the backend.
     let mut s = script();
-    let mut i = instance(trace(&[32, 32, 32], 4), Arc::new(Vanilla), 100, 1024, &s);
+    let mut i = instance(trace(&[32, 32, 32], 4), Arc::new(vanilla()), 100, 1024, &s);
     let backend = (&*i.backend as *const dyn BatchBackend).cast::<u8>().addr();
     let expect = |i: &Instance| {
         let h = i.hot();
@@ -333,7 +333,7 @@ fn finished_requests_leave_at_most_max_spare_buffers_and_the_next_request_reuses
     // Six 64-token prompts finish together; a seventh comes after them.
     let t = trace(&[64; 7], 2);
     let mut s = script();
-    let mut i = instance(t.clone(), Arc::new(LocalPrefix), 100, 1024, &s);
+    let mut i = instance(t.clone(), Arc::new(local_prefix()), 100, 1024, &s);
     for r in 0..6 {
         i.handle(Msg::Submit(ReqId(r)), &mut s);
     }
@@ -411,10 +411,10 @@ fn steady_decoders_schedule_and_finish_as_visiting_every_sequence_does() {
     for seed in 0..40u64 {
         let mut rng = Stream::new(seed, 7);
         let t = shared_prefix_trace(60, &mut rng);
-        let policy: Arc<dyn Policy> = if seed % 2 == 0 {
-            Arc::new(Vanilla)
+        let policy: Arc<Policy> = if seed % 2 == 0 {
+            Arc::new(vanilla())
         } else {
-            Arc::new(LocalPrefix)
+            Arc::new(local_prefix())
         };
         let blocks = 12 + rng.below(40) as u32;
         let budget = [24, 64, 200, 4096][rng.below(4) as usize];

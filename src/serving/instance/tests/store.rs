@@ -23,7 +23,6 @@ fn store_instance_with(
     gpu_prefix_cache: bool,
     s: &Script,
 ) -> Instance {
-    use crate::serving::policy::PolicyKind;
     use crate::serving::store::eviction::Eviction;
     use crate::serving::store::{EvoStoreConfig, PtStoreConfig, StoreConfig};
     let store = StoreConfig {
@@ -46,7 +45,7 @@ fn store_instance_with(
             consolidate: false,
         },
     };
-    let policy: Arc<dyn Policy> = Arc::from(PolicyKind::EvoStore.build(&store));
+    let policy = Arc::new(crate::serving::policy::preset("evostore", &store).unwrap());
     let cfg = InstanceConfig {
         block_size: 16,
         num_blocks: blocks,
@@ -62,6 +61,7 @@ fn store_instance_with(
         tensor_bytes: 1,
         overlap,
         layers: 32,
+        namespace: None,
     };
     let backend = Box::new(Recorder(s.log.clone(), s.iteration));
     Instance::new(0, ActorId(0), trace, policy, cfg, Some(link), backend)

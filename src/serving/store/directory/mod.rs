@@ -74,7 +74,9 @@
 
 use std::collections::HashMap;
 
-use super::eviction::{Access, Eviction, EvictionQueue};
+use super::TierEviction;
+use super::admission::Admission;
+use super::eviction::{Access, EvictionQueue};
 use super::read_counts::{NO_ROW, ReadCounts};
 use crate::hash::IdBuildHasher;
 use crate::metrics::{StoreStats, Tier};
@@ -102,7 +104,10 @@ pub struct StoreParams {
     pub replica_capacity: u64,
     /// SSD per server, for owned tensors.
     pub ssd_capacity: u64,
-    pub eviction: Eviction,
+    /// The order each tier evicts in.
+    pub eviction: TierEviction,
+    /// Which new tensors an insert stores.
+    pub admission: Admission,
     pub consolidate: bool,
     /// Replicate after this many remote reads by one node; `None` disables replication.
     pub replicate_after_reads: Option<u32>,
@@ -325,9 +330,9 @@ impl Directory {
                 owned_host_bytes: 0,
                 replica_bytes: 0,
                 ssd_bytes: 0,
-                host_q: EvictionQueue::new(params.eviction),
-                ssd_q: EvictionQueue::new(params.eviction),
-                replica_q: EvictionQueue::new(params.eviction),
+                host_q: EvictionQueue::new(params.eviction.host),
+                ssd_q: EvictionQueue::new(params.eviction.ssd),
+                replica_q: EvictionQueue::new(params.eviction.replica),
                 replicas: HashMap::default(),
             })
             .collect();

@@ -1,5 +1,6 @@
 use super::*;
 use crate::hash::{ROOT_PARENT, block_hash};
+use crate::serving::store::eviction::Eviction;
 
 /// Tensor ids of a prompt made of `symbols`, one symbol per chunk.
 pub(crate) fn chain(symbols: &[u32]) -> Vec<TensorId> {
@@ -20,7 +21,8 @@ pub(crate) fn params(nodes: u32, host: u64, replicas: u64, ssd: u64) -> StorePar
         host_capacity: host * 100,
         replica_capacity: replicas * 100,
         ssd_capacity: ssd * 100,
-        eviction: Eviction::Lru,
+        eviction: TierEviction::all(Eviction::Lru),
+        admission: Admission::Always,
         consolidate: true,
         replicate_after_reads: Some(2),
         host_ns_per_byte: 0.04,
@@ -290,7 +292,7 @@ fn a_frequently_read_early_tensor_stays_in_host_memory_under_gdsf_and_not_under_
     let run = |eviction| {
         // One node: 3 tensors in host memory, SSD for 10.
         let mut p = params(1, 3, 0, 10);
-        p.eviction = eviction;
+        p.eviction = TierEviction::all(eviction);
         let mut d = Directory::new(p);
         let a = chain(&[1]);
         d.insert(&a, 0);
