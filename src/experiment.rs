@@ -283,7 +283,7 @@ impl Experiment {
         let _ = match self {
             Experiment::Serving(_) => write!(
                 line,
-                "  {:<13} TTFT p50 {:>9.1} ms  p99 {:>9.1} ms | TPOT p50 {:>6.1} ms | hit {:>5.1}% | {:>9} events in {:.2} s ({:.2} M events/s)",
+                "  {:<14} TTFT p50 {:>9.1} ms  p99 {:>9.1} ms | TPOT p50 {:>6.1} ms | hit {:>5.1}% | {:>9} events in {:.2} s ({:.2} M events/s)",
                 sm.policy,
                 sm.ttft.p50,
                 sm.ttft.p99,

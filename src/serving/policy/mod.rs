@@ -15,9 +15,13 @@
 //! policy's resolved table.
 
 mod evostore;
+mod lmcache;
 mod local_prefix;
+mod mooncake_store;
 mod ptstore;
+mod sglang_hicache;
 mod vanilla;
+mod vllm_offload;
 
 pub use local_prefix::policy as local_prefix;
 pub use vanilla::policy as vanilla;
@@ -81,19 +85,52 @@ pub struct Policy {
     pub store: Option<StoreRules>,
 }
 
-/// The built-in presets, in the order `meshsim check` and the docs list them.
-pub const PRESETS: &[&str] = &["vanilla", "local-prefix", "evostore", "ptstore"];
+/// The built-in presets, in the order `meshsim check` and the docs list them: the paper's
+/// four, then the systems people deploy.
+pub const PRESETS: &[&str] = &[
+    "vanilla",
+    "local-prefix",
+    "evostore",
+    "ptstore",
+    "vllm-offload",
+    "lmcache",
+    "sglang-hicache",
+    "mooncake-store",
+];
 
-/// The preset called `name`, its store figures from the scenario's `[store]` table; `None`
-/// for a name that is not a preset.
-pub fn preset(name: &str, store: &StoreConfig) -> Option<Policy> {
-    match name {
-        "vanilla" => Some(vanilla()),
-        "local-prefix" => Some(local_prefix()),
-        "evostore" => Some(evostore::policy(store)),
-        "ptstore" => Some(ptstore::policy(store)),
-        _ => None,
-    }
+/// What a preset's figures may depend on: the scenario's `[store]` table (the paper's
+/// presets take their sizes and rules from it) and the cluster the policy runs on (the
+/// deployed systems size their tiers per engine, or relative to its KV pool).
+#[derive(Clone, Copy, Debug)]
+pub struct Setting<'a> {
+    pub store: &'a StoreConfig,
+    /// Serving instances (engines) per node.
+    pub instances_per_node: u32,
+    /// Bytes of one instance's GPU KV pool.
+    pub kv_pool_bytes: u64,
+    /// Host memory per node.
+    pub host_memory_bytes: u64,
+    /// The serving KV block size, in tokens.
+    pub block_size: u32,
+}
+
+/// The preset called `name` in `setting`; `None` for a name that is not a preset.
+pub fn preset(name: &str, setting: &Setting) -> Option<Policy> {
+    let store = setting.store;
+    let mut p = match name {
+        "vanilla" => vanilla(),
+        "local-prefix" => local_prefix(),
+        "evostore" => evostore::policy(store),
+        "ptstore" => ptstore::policy(store),
+        "vllm-offload" => vllm_offload::policy(setting),
+        "lmcache" => lmcache::policy(setting),
+        "sglang-hicache" => sglang_hicache::policy(setting),
+        "mooncake-store" => mooncake_store::policy(setting),
+        _ => return None,
+    };
+    p.name = name.to_string();
+    p.base = name.to_string();
+    Some(p)
 }
 
 impl Policy {
@@ -177,7 +214,14 @@ mod tests {
                 consolidate: true,
             },
         };
-        let tiers = |n: &str| preset(n, &store).unwrap().lookup_tiers();
+        let setting = |store| Setting {
+            store,
+            instances_per_node: 4,
+            kv_pool_bytes: 1 << 30,
+            host_memory_bytes: 1 << 36,
+            block_size: 16,
+        };
+        let tiers = |n: &str| preset(n, &setting(&store)).unwrap().lookup_tiers();
         assert_eq!(tiers("vanilla"), &[] as &[Tier]);
         assert_eq!(tiers("local-prefix"), &[Tier::Gpu]);
         assert_eq!(tiers("evostore"), STORE_TIERS);
@@ -185,12 +229,13 @@ mod tests {
         let mut off = store.clone();
         off.gpu_prefix_cache = false;
         assert_eq!(
-            preset("ptstore", &off).unwrap().lookup_tiers(),
+            preset("ptstore", &setting(&off)).unwrap().lookup_tiers(),
             &STORE_TIERS[1..]
         );
-        assert!(preset("nothing", &store).is_none());
+        assert!(preset("nothing", &setting(&store)).is_none());
         for n in PRESETS {
-            assert_eq!(preset(n, &store).unwrap().name, *n);
+            let p = preset(n, &setting(&store)).unwrap();
+            assert_eq!((p.name.as_str(), p.base.as_str()), (*n, *n));
         }
     }
 }

@@ -99,7 +99,8 @@ impl Scenario {
     /// The preset called `name` with this scenario's `[store]` figures (whether listed or
     /// not); `None` for a name that is not a preset.
     pub fn preset(&self, name: &str) -> Option<crate::serving::policy::Policy> {
-        crate::serving::policy::preset(name, &self.store)
+        let setting = policy::setting(&self.store, &self.hardware, &self.serving, &self.model);
+        crate::serving::policy::preset(name, &setting)
     }
 
     /// Reads and validates a scenario file.
@@ -273,7 +274,8 @@ fn validate(file: &str, default_name: &str, text: &str, r: Raw) -> Result<Scenar
         model: &model,
         block_size: serving.instance.block_size,
     };
-    let policies = policy::policies(&c, &r.policies, &r.policy, &store, &bounds)?;
+    let setting = policy::setting(&store, &hardware, &serving, &model);
+    let policies = policy::policies(&c, &r.policies, &r.policy, &setting, &bounds)?;
 
     let limits = limits(&c, &r.limits)?;
     check_arrival_span(&c, &workload, &limits)?;

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::hardware::HardwareSpec;
 use crate::model::ModelConfig;
 use crate::scenario::{Check, MAX_TOKENS, ScenarioError, non_negative};
-use crate::serving::policy::{PRESETS, Policy, Scope, preset};
+use crate::serving::policy::{PRESETS, Policy, Scope, Setting, preset};
 use crate::serving::store::admission::Admission;
 use crate::serving::store::eviction::Eviction;
 use crate::serving::store::{LoadOverlap, StoreConfig, TierEviction};
@@ -81,12 +81,29 @@ pub(super) struct Bounds<'a> {
     pub block_size: u32,
 }
 
+/// What the presets of a scenario depend on.
+pub(super) fn setting<'a>(
+    store: &'a StoreConfig,
+    hw: &HardwareSpec,
+    serving: &super::Serving,
+    model: &ModelConfig,
+) -> Setting<'a> {
+    let i = &serving.instance;
+    Setting {
+        store,
+        instances_per_node: (hw.gpus_per_node / serving.tensor_parallel).max(1),
+        kv_pool_bytes: i.num_blocks as u64 * i.block_size as u64 * model.kv_bytes_per_token(),
+        host_memory_bytes: hw.host.memory_bytes,
+        block_size: i.block_size,
+    }
+}
+
 /// Resolves every listed policy, in order.
 pub(super) fn policies(
     c: &Check,
     listed: &[String],
     tables: &BTreeMap<String, RawPolicy>,
-    store: &StoreConfig,
+    setting: &Setting,
     b: &Bounds,
 ) -> Result<Vec<Policy>, ScenarioError> {
     if listed.is_empty() {
@@ -105,7 +122,7 @@ pub(super) fn policies(
     }
     listed
         .iter()
-        .map(|n| resolve(c, n, tables.get(n), store, b))
+        .map(|n| resolve(c, n, tables.get(n), setting, b))
         .collect()
 }
 
@@ -113,7 +130,7 @@ fn resolve(
     c: &Check,
     name: &str,
     raw: Option<&RawPolicy>,
-    store: &StoreConfig,
+    setting: &Setting,
     b: &Bounds,
 ) -> Result<Policy, ScenarioError> {
     let ok_name = !name.is_empty()
@@ -133,7 +150,7 @@ fn resolve(
     }
     let base_name = match raw.and_then(|r| r.base.as_deref()) {
         Some(b) => b,
-        None if preset(name, store).is_some() => name,
+        None if preset(name, setting).is_some() => name,
         None if raw.is_some() => {
             return Err(c.err(
                 &format!("policy.{name}.base"),
@@ -151,7 +168,7 @@ fn resolve(
             ));
         }
     };
-    let Some(mut p) = preset(base_name, store) else {
+    let Some(mut p) = preset(base_name, setting) else {
         return Err(c.err(
             &format!("policy.{name}.base"),
             format!("expected one of the presets {PRESETS:?}, found {base_name:?}"),
@@ -160,7 +177,7 @@ fn resolve(
     p.name = name.to_string();
     p.base = base_name.to_string();
     if let Some(r) = raw {
-        apply(c, name, r, store, &mut p)?;
+        apply(c, name, r, setting, &mut p)?;
     }
     check(c, name, &p, b)?;
     Ok(p)
@@ -171,9 +188,10 @@ fn apply(
     c: &Check,
     name: &str,
     r: &RawPolicy,
-    store: &StoreConfig,
+    setting: &Setting,
     p: &mut Policy,
 ) -> Result<(), ScenarioError> {
+    let store = setting.store;
     let key = |k: &str| format!("policy.{name}.{k}");
     if let Some(g) = r.gpu_prefix_cache {
         p.gpu_prefix_cache = g;
@@ -196,7 +214,7 @@ fn apply(
     match tiers {
         Some((false, _)) => p.store = None,
         Some((true, _)) if p.store.is_none() => {
-            p.store = preset("evostore", store).and_then(|e| e.store);
+            p.store = preset("evostore", setting).and_then(|e| e.store);
         }
         _ => {}
     }

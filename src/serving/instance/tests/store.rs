@@ -45,7 +45,14 @@ fn store_instance_with(
             consolidate: false,
         },
     };
-    let policy = Arc::new(crate::serving::policy::preset("evostore", &store).unwrap());
+    let setting = crate::serving::policy::Setting {
+        store: &store,
+        instances_per_node: 1,
+        kv_pool_bytes: 1 << 30,
+        host_memory_bytes: 1 << 36,
+        block_size: 16,
+    };
+    let policy = Arc::new(crate::serving::policy::preset("evostore", &setting).unwrap());
     let cfg = InstanceConfig {
         block_size: 16,
         num_blocks: blocks,

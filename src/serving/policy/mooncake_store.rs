@@ -1,0 +1,53 @@
+//! `mooncake-store`: the Mooncake store as a cluster-wide KV pool behind each engine's GPU
+//! prefix cache, Mooncake at commit 3b5a5941 (2026-08-22), as LMCache 0.5.6 configures it
+//! for its remote backend.
+//!
+//! Mirrors:
+//! - `mooncake-store/include/replica.h`: `ReplicateConfig { replica_num = 1 }`: one copy of
+//!   each object, no replication.
+//! - `mooncake-store/src/master.cpp`, `src/master_service.cpp` (`BatchEvict`,
+//!   `EvictionThreadFunc`): every client's segment joins one pool that the master places
+//!   objects in; eviction removes objects whose read lease has expired, oldest lease first
+//!   (about least recently read); `--enable_offload = false` (no SSD tier).
+//! - LMCache 0.5.6 `lmcache/v1/storage_backend/connector/mooncakestore_connector.py`:
+//!   `global_segment_size = 3355443200` bytes (3.125 GiB) contributed per engine; objects of
+//!   LMCache's 256-token chunks (`lmcache/v1/config.py`).
+//!
+//! As meshsim composes it: the GPU prefix cache, then host memory of scope `cluster` (each
+//! node's server holds its engines' segments, and the metadata service plays the master),
+//! 256-token chunks, LRU, every chunk admitted, one copy, loads before compute. A chunk is
+//! owned by the node that wrote it (Mooncake places it on a random segment by default). Left
+//! out: random placement, eviction in batches at a 90 % watermark (5 % at a time), the 10 s
+//! lease, soft pins, the optional SSD tier and its count-min-gated promotion, dynamic
+//! replication of hot keys, and reads staged through the reader's host buffer (meshsim's
+//! remote load lands in the GPU directly).
+
+use super::{Policy, Scope, Setting, StoreRules};
+use crate::serving::store::admission::Admission;
+use crate::serving::store::eviction::Eviction;
+use crate::serving::store::{LoadOverlap, TierEviction};
+
+/// LMCache's chunk.
+const CHUNK_TOKENS: u32 = 256;
+/// The segment each engine contributes (LMCache's `global_segment_size`).
+const SEGMENT_BYTES: u64 = 3_355_443_200;
+
+pub fn policy(setting: &Setting) -> Policy {
+    Policy {
+        name: String::new(),
+        base: String::new(),
+        gpu_prefix_cache: true,
+        store: Some(StoreRules {
+            scope: Scope::Cluster,
+            tensor_tokens: CHUNK_TOKENS,
+            host_capacity_bytes: SEGMENT_BYTES * setting.instances_per_node as u64,
+            ssd_capacity_bytes: 0,
+            eviction: TierEviction::all(Eviction::Lru),
+            admission: Admission::Always,
+            replica_fraction: 0.0,
+            replicate_after_reads: None,
+            consolidate: false,
+            load_overlap: LoadOverlap::None,
+        }),
+    }
+}
