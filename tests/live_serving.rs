@@ -70,8 +70,43 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 fn every_policy_generates_vanillas_tokens_on_real_kv() {
     let _one = serial();
     let s = scenario();
-    let runs = common::runtime().block_on(live_all(&s)).unwrap();
-    assert_eq!(runs.len(), 4);
+    check_tokens(&s);
+}
+
+#[test]
+fn every_deployed_systems_preset_generates_vanillas_tokens_on_real_kv() {
+    let _one = serial();
+    // The presets' chunks and tiers scaled down to the test's prompts and memory, without
+    // the GPU cache: it would serve every reuse of an instance's own prefixes, and the
+    // test is of the store's real loads.
+    let small = "tensor_tokens = 32\nhost_capacity_gib = 0.004\ngpu_prefix_cache = false\n";
+    let tables: String = [
+        "vllm-offload",
+        "lmcache",
+        "sglang-hicache",
+        "mooncake-store",
+    ]
+    .iter()
+    .map(|p| format!("[policy.{p}]\n{small}"))
+    .collect();
+    let text = scenario().text.replace(
+        "policies = [\"vanilla\", \"local-prefix\", \"evostore\", \"ptstore\"]",
+        "policies = [\"vanilla\", \"vllm-offload\", \"lmcache\", \"sglang-hicache\", \"mooncake-store\"]",
+    )
+    // Arrivals slow enough for prompts to be stored before their next use on one instance
+    // (live iterations on this CPU take tens of ms), and leases that keep planned loads.
+    .replace("arrival_rate_per_s = 100.0", "arrival_rate_per_s = 8.0")
+    .replace("read_lease_ms = 0.0", "read_lease_ms = 5000.0")
+        + &tables;
+    let s = Scenario::parse("live_presets_test.toml", "live_presets_test", &text).unwrap();
+    check_tokens(&s);
+}
+
+/// Runs every policy of `s` live: each completes every request with vanilla's tokens, reuses
+/// something (vanilla nothing), and a store policy loads real K/V.
+fn check_tokens(s: &Scenario) {
+    let runs = common::runtime().block_on(live_all(s)).unwrap();
+    assert_eq!(runs.len(), s.policies.len());
     for r in &runs {
         assert_eq!(r.report.outputs.len(), 32, "{}", r.policy.name());
         assert!(r.report.outputs.iter().all(|(_, t)| t.len() == 4));
@@ -85,13 +120,18 @@ fn every_policy_generates_vanillas_tokens_on_real_kv() {
     // The store policies really loaded K/V, from host memory and from the SSD tier.
     for r in runs.iter().filter(|r| r.policy.uses_store()) {
         let st = r.report.store.as_ref().unwrap();
-        assert!(st.lookups > 0 && st.stats.demoted > 0, "{:?}", st);
+        let ssd = r
+            .policy
+            .store
+            .as_ref()
+            .is_some_and(|t| t.ssd_capacity_bytes > 0);
+        assert!(st.lookups > 0 && (st.stats.demoted > 0 || !ssd), "{:?}", st);
         let loaded: u64 = r.report.records.iter().flat_map(|q| q.loaded_bytes).sum();
         assert!(loaded > 0, "{} loaded nothing", r.policy.name());
     }
     // live_all checked the outputs (it fails otherwise) and says how.
     let checks: Vec<_> = runs.iter().filter_map(|r| r.output_check.clone()).collect();
-    assert_eq!(checks.len(), 3);
+    assert_eq!(checks.len(), s.policies.len() - 1);
     for c in &checks {
         assert!(c.problem.is_none(), "{c:?}");
         assert!(c.max_logit_diff <= LOGIT_TOLERANCE, "{c:?}");
