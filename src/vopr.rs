@@ -7,7 +7,10 @@
 //! batches preempt), store servers with room for a handful of tensors in host memory and SSD
 //! (so that the store evicts, demotes and drops), random routing, eviction and replication
 //! rules, store loads that overlap compute layer by layer or not (`load_overlap`), and a
-//! generated SQuAD- or WikiQA-style workload of 10 to 120 requests. Every scenario is a valid
+//! generated SQuAD- or WikiQA-style workload of 10 to 120 requests. Beside the paper's four
+//! presets, every seed runs a random composition (`[policy.mix]`: a random preset as base,
+//! its tiers, scope, chunk, capacities, eviction per tier and replication drawn, always one
+//! that can work). Every scenario is a valid
 //! scenario file: `meshsim vopr --seed S --print` writes it, and `meshsim run` runs it like
 //! any other.
 //!
@@ -141,14 +144,15 @@ pub fn scenario_text(seed: u64) -> String {
     // failure still draws the same choices there.
     let overlap = ["none", "layerwise"][pick(2) as usize];
     let (order, reuse) = reuse_text(&mut pick, order);
+    let mix = composition_text(&mut pick, block, tensor_mib_per_token_block(block));
     let mut t = String::new();
     let _ = write!(
         t,
         r#"# meshsim vopr --seed {seed}
 name = "vopr_{seed}"
 seed = {seed}
-policies = ["vanilla", "local-prefix", "evostore", "ptstore"]
-
+policies = ["vanilla", "local-prefix", "evostore", "ptstore", "mix"]
+{mix}
 [hardware]
 nodes = {nodes}
 gpus_per_node = {gpus}
@@ -213,6 +217,68 @@ consolidate = {consolidate}
         gpu_gib = gpu_mib as f64 / 1024.0,
         nics = 1 + (seed % 2),
         nic = [25, 100, 200][(seed % 3) as usize],
+    );
+    t
+}
+
+/// MiB of one serving block of the tiny model (2 KiB per token).
+fn tensor_mib_per_token_block(block: u64) -> f64 {
+    block as f64 * 2048.0 / (1 << 20) as f64
+}
+
+/// `[policy.mix]`: a random composition that can work, from a random preset: GPU cache or
+/// not, no tier, host memory, or host memory and SSD (4 to 40 chunks of host memory, 0 to 40
+/// on SSD), any scope, any chunk, eviction per tier, and replication only across the cluster.
+fn composition_text(pick: &mut dyn FnMut(u64) -> u64, block: u64, block_mib: f64) -> String {
+    let presets = crate::serving::policy::PRESETS;
+    let base = presets[pick(presets.len() as u64) as usize];
+    let mut t = format!(
+        "\n[policy.mix]\nbase = \"{base}\"\ngpu_prefix_cache = {}\n",
+        pick(3) != 0
+    );
+    let tiers = pick(3);
+    if tiers == 0 {
+        t += "tiers = []\n";
+        return t;
+    }
+    let per = [1, 2, 4, 8][pick(4) as usize];
+    let chunk_mib = block_mib * per as f64;
+    let scope = ["instance", "node", "cluster"][pick(3) as usize];
+    let evict = |p: u64| ["lru", "gdsf"][p as usize];
+    let _ = write!(
+        t,
+        "tiers = {}\nscope = \"{scope}\"\ntensor_tokens = {}\nhost_capacity_gib = {:.9}\n\
+         host_eviction = \"{}\"\nssd_eviction = \"{}\"\nreplica_eviction = \"{}\"\n\
+         consolidate = {}\nload_overlap = \"{}\"\n",
+        if tiers == 1 {
+            "[\"host\"]"
+        } else {
+            "[\"host\", \"ssd\"]"
+        },
+        block * per,
+        chunk_mib * (4 + pick(37)) as f64 / 1024.0,
+        evict(pick(2)),
+        evict(pick(2)),
+        evict(pick(2)),
+        pick(2) == 0,
+        ["none", "layerwise"][pick(2) as usize],
+    );
+    if tiers == 2 {
+        let _ = writeln!(
+            t,
+            "ssd_capacity_gb = {:.9}",
+            chunk_mib * (1 + pick(40)) as f64 * 1.048576 / 1024.0
+        );
+    }
+    let after = if scope == "cluster" { pick(3) } else { 0 };
+    let fraction = if after > 0 {
+        [0.25, 0.5][pick(2) as usize]
+    } else {
+        0.0
+    };
+    let _ = writeln!(
+        t,
+        "replicate_after_reads = {after}\nreplica_fraction = {fraction}"
     );
     t
 }
