@@ -94,7 +94,7 @@ fn a_value_past_the_flags_type_is_refused_naming_the_flag() {
         let value = if flag == "--rate" { "1e400" } else { big };
         refused(&strs(&convert(&[flag, value])), &[flag]);
     }
-    for flag in ["--lru", "--block-size"] {
+    for flag in ["--lru", "--optimal", "--block-size"] {
         refused(&["trace", "stats", "q.tsv", flag, big], &[flag]);
     }
     for flag in ["--seeds", "--from", "--seed"] {
@@ -144,7 +144,7 @@ fn a_negative_value_is_refused_naming_the_flag() {
         refused(&strs(&convert(&[flag, "-1"])), &[flag]);
     }
     refused(&strs(&convert(&["--rate", "-0.5"])), &["--rate"]);
-    for flag in ["--lru", "--block-size"] {
+    for flag in ["--lru", "--optimal", "--block-size"] {
         refused(&["trace", "stats", "q.tsv", flag, "-1"], &[flag]);
     }
     for flag in ["--seeds", "--from", "--seed"] {
@@ -269,6 +269,8 @@ fn trace_refuses_counts_and_rates_that_make_no_trace_naming_the_flag() {
         ),
         (&["--lru", "0"], &["--lru 0"]),
         (&["--lru", "1000,0"], &["--lru 0"]),
+        (&["--optimal", "0"], &["--optimal 0"]),
+        (&["--optimal", "1000,0"], &["--optimal 0"]),
     ] {
         let mut stats = vec!["trace", "stats", "q.tsv"];
         stats.extend_from_slice(flags);

@@ -24,6 +24,11 @@ pub(crate) enum TraceCommand {
         /// 3000000,10000000).
         #[arg(long, value_delimiter = ',', allow_hyphen_values = true)]
         lru: Vec<u64>,
+        /// Belady bound capacities in tokens, comma-separated, each at least 1: the hit ratio
+        /// of Belady's rule (furthest next use goes first) on the blocks taken one by one, an
+        /// upper bound on the prefix-hit ratio of any eviction with that capacity.
+        #[arg(long, value_delimiter = ',', allow_hyphen_values = true)]
+        optimal: Vec<u64>,
         /// Block size of the reuse analysis, 1 to 16777216 tokens (default: the format's, 512
         /// for Mooncake, else 16).
         #[arg(long, allow_negative_numbers = true)]
@@ -156,8 +161,8 @@ fn opt(v: Option<u32>) -> String {
 }
 
 /// Refuses, naming the flag, a `trace stats` analysis that measures nothing: a block of no
-/// token or longer than [`MAX_TRACE_TOKENS`], an LRU cache of no token.
-fn check_stats(lru: &[u64], block_size: Option<u32>) -> Result<(), String> {
+/// token or longer than [`MAX_TRACE_TOKENS`], an LRU cache or a Belady bound of no token.
+fn check_stats(lru: &[u64], optimal: &[u64], block_size: Option<u32>) -> Result<(), String> {
     if let Some(b) = block_size.filter(|b| !(1..=MAX_TRACE_TOKENS).contains(b)) {
         return Err(format!(
             "--block-size {b}: expected 1 to {MAX_TRACE_TOKENS} tokens"
@@ -166,10 +171,15 @@ fn check_stats(lru: &[u64], block_size: Option<u32>) -> Result<(), String> {
     if lru.contains(&0) {
         return Err("--lru 0: a cache of no token holds nothing; expected at least 1 token".into());
     }
+    if optimal.contains(&0) {
+        return Err(
+            "--optimal 0: a cache of no token holds nothing; expected at least 1 token".into(),
+        );
+    }
     Ok(())
 }
 
-fn trace_stats(load: &LoadArgs, lru: &[u64], block_size: Option<u32>) -> ExitCode {
+fn trace_stats(load: &LoadArgs, lru: &[u64], optimal: &[u64], block_size: Option<u32>) -> ExitCode {
     let started = Instant::now();
     let l = match load.load() {
         Ok(l) => l,
@@ -180,7 +190,7 @@ fn trace_stats(load: &LoadArgs, lru: &[u64], block_size: Option<u32>) -> ExitCod
     };
     let loaded_s = started.elapsed().as_secs_f64();
     let bs = block_size.unwrap_or(l.block_size);
-    let st = TraceStats::of(&l.trace, bs, lru);
+    let st = TraceStats::with_bounds(&l.trace, bs, lru, optimal);
     println!("trace {} ({})", load.file.display(), l.source.name());
     let contexts = if l.source.is_dataset() {
         format!("; contexts {}", st.contexts)
@@ -212,6 +222,12 @@ fn trace_stats(load: &LoadArgs, lru: &[u64], block_size: Option<u32>) -> ExitCod
     );
     for (cap, hit) in &st.lru_hit_ratio {
         println!("    LRU cache of {cap} tokens: {:.2}%", 100.0 * hit);
+    }
+    for (cap, hit) in &st.optimal_hit_ratio {
+        println!(
+            "    Belady bound (any eviction, upper bound) of {cap} tokens: {:.2}%",
+            100.0 * hit
+        );
     }
     println!("  {}", st.reuse_line());
     eprintln!(
@@ -253,8 +269,11 @@ pub(crate) fn trace(command: &TraceCommand) -> ExitCode {
         TraceCommand::Stats {
             load,
             lru,
+            optimal,
             block_size,
-        } => load.check().and_then(|()| check_stats(lru, *block_size)),
+        } => load
+            .check()
+            .and_then(|()| check_stats(lru, optimal, *block_size)),
         TraceCommand::Convert { load, .. } => load.check(),
     };
     if let Err(e) = checked {
@@ -265,8 +284,9 @@ pub(crate) fn trace(command: &TraceCommand) -> ExitCode {
         TraceCommand::Stats {
             load,
             lru,
+            optimal,
             block_size,
-        } => trace_stats(load, lru, *block_size),
+        } => trace_stats(load, lru, optimal, *block_size),
         TraceCommand::Convert { load, out } => trace_convert(load, out),
     }
 }

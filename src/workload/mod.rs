@@ -10,6 +10,7 @@
 //! lengths), so their results differ only by what the policies do.
 
 mod error;
+pub mod optimal;
 pub mod output;
 pub mod qa;
 pub mod replay;

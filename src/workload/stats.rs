@@ -13,9 +13,15 @@
 //! holds more than its capacity in tokens. The ratio is hits over prompt tokens, summed over
 //! requests. With an unbounded cache nothing is evicted. The LRU is a hash map into an
 //! intrusive doubly linked list: O(1) per block.
+//!
+//! **Belady bound**: the hit ratio of Belady's rule (furthest next use goes first, with bypass)
+//! on the same blocks taken as independent accesses, with a cache of as many tokens: an upper
+//! bound on the prefix-hit ratio of the LRU, or of any eviction, with that capacity on that
+//! trace ([`super::optimal`] says what it is exactly and why it bounds).
 
 use std::collections::{HashMap, HashSet};
 
+use super::optimal::optimal_hit_tokens;
 use super::{ReqId, Trace};
 use crate::hash::{IdBuildHasher, ROOT_PARENT, block_hash};
 
@@ -87,6 +93,11 @@ impl Blocks {
         }
     }
 
+    /// Every block of every request, in order: the accesses of [`super::optimal`].
+    pub fn accesses(&self) -> &[(u64, u32)] {
+        &self.blocks
+    }
+
     fn requests(&self) -> impl Iterator<Item = &[(u64, u32)]> {
         self.starts.windows(2).map(|w| &self.blocks[w[0]..w[1]])
     }
@@ -121,6 +132,12 @@ impl Blocks {
             }
         }
         hit as f64 / self.prompt_tokens.max(1) as f64
+    }
+
+    /// Hit ratio of Belady's rule with a cache of `capacity` tokens: an upper bound on
+    /// [`Blocks::lru_hit_ratio`] of the same capacity, and on any eviction's.
+    pub fn optimal_hit_ratio(&self, capacity: u64) -> f64 {
+        optimal_hit_tokens(&self.blocks, capacity) as f64 / self.prompt_tokens.max(1) as f64
     }
 }
 
@@ -244,6 +261,8 @@ pub struct TraceStats {
     pub unbounded_hit_ratio: f64,
     /// `(capacity in tokens, hit ratio)`.
     pub lru_hit_ratio: Vec<(u64, f64)>,
+    /// `(capacity in tokens, Belady bound)`: see [`Blocks::optimal_hit_ratio`].
+    pub optimal_hit_ratio: Vec<(u64, f64)>,
     /// Requests about a context an earlier request was about.
     pub revisits: u64,
     /// Their reuse distances: distinct other contexts since that context's previous request
@@ -267,6 +286,16 @@ impl TraceStats {
     }
 
     pub fn of(trace: &Trace, block_size: u32, lru_capacities: &[u64]) -> TraceStats {
+        TraceStats::with_bounds(trace, block_size, lru_capacities, &[])
+    }
+
+    /// [`TraceStats::of`], and the Belady bound for each of `optimal_capacities` (tokens).
+    pub fn with_bounds(
+        trace: &Trace,
+        block_size: u32,
+        lru_capacities: &[u64],
+        optimal_capacities: &[u64],
+    ) -> TraceStats {
         let r = &trace.requests;
         let duration_s = match (r.first(), r.last()) {
             (Some(a), Some(b)) => b.arrival.as_secs_f64() - a.arrival.as_secs_f64(),
@@ -290,6 +319,10 @@ impl TraceStats {
             lru_hit_ratio: lru_capacities
                 .iter()
                 .map(|&c| (c, blocks.lru_hit_ratio(c)))
+                .collect(),
+            optimal_hit_ratio: optimal_capacities
+                .iter()
+                .map(|&c| (c, blocks.optimal_hit_ratio(c)))
                 .collect(),
             revisits: distances.len() as u64,
             reuse_distance: LenDist::of(distances),
