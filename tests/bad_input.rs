@@ -163,7 +163,7 @@ fn a_model_that_does_not_fit_in_gpu_memory_is_rejected() {
 #[test]
 fn an_unknown_policy_is_rejected() {
     let text = with_line("policies", "policies = [\"vanilla\", \"magic\"]");
-    assert_rejected(&text, "policies", "unknown variant `magic`");
+    assert_rejected(&text, "policies", "unknown policy \"magic\"");
 }
 
 #[test]
