@@ -147,6 +147,7 @@ impl Directory {
         self.servers[node as usize].owned_host_bytes -= bytes;
         // The tensor is now between tiers: mark it on SSD so a cascade can find it.
         self.set_location(id, Location::Ssd);
+        self.servers[node as usize].ssd_q.announce(id);
         // Bounded: each round drops at least one tensor.
         while self.servers[node as usize].ssd_bytes + bytes > self.params.ssd_capacity {
             let tensors = &self.tensors;

@@ -32,8 +32,9 @@
 //!   be fetched again from the owner); it never demotes or drops an owned tensor.
 //!
 //! **Leaf-first victims.** Each tier of each node (owned host memory, SSD, replica cache)
-//! chooses its victim among its *leaves* in LRU or GDSF order: a tensor with no child in the
-//! same tier of the same node. A child already demoted to SSD, or owned by another node, does
+//! chooses its victim among its *leaves* in its order (LRU, GDSF, LFU, S3-FIFO or ARC, see
+//! [`super::eviction`]; each tier's queue knows its capacity in tensors): a tensor with no
+//! child in the same tier of the same node. A child already demoted to SSD, or owned by another node, does
 //! not make its parent a non-leaf in host memory; a child in host memory does not make its
 //! parent a non-leaf on SSD; a replica is a leaf when no child of it is a replica on the same
 //! node. A prefix thus shrinks from its end, tier by tier. Every tensor counts its children per
@@ -325,14 +326,21 @@ impl Directory {
             params.replica_capacity,
             params.host_capacity
         );
+        // Each tier's capacity in tensors (all of one size), for the orders that size lists.
+        let entries = |bytes: u64| bytes.checked_div(params.tensor_bytes).unwrap_or(u64::MAX);
+        let host = entries(params.host_capacity - params.replica_capacity);
+        let (ssd, replica) = (
+            entries(params.ssd_capacity),
+            entries(params.replica_capacity),
+        );
         let servers = (0..params.nodes)
             .map(|_| Server {
                 owned_host_bytes: 0,
                 replica_bytes: 0,
                 ssd_bytes: 0,
-                host_q: EvictionQueue::new(params.eviction.host),
-                ssd_q: EvictionQueue::new(params.eviction.ssd),
-                replica_q: EvictionQueue::new(params.eviction.replica),
+                host_q: EvictionQueue::with_capacity(params.eviction.host, host),
+                ssd_q: EvictionQueue::with_capacity(params.eviction.ssd, ssd),
+                replica_q: EvictionQueue::with_capacity(params.eviction.replica, replica),
                 replicas: HashMap::default(),
             })
             .collect();
@@ -460,6 +468,7 @@ impl Directory {
                 continue;
             }
             let parent = if i == 0 { None } else { Some(chain[i - 1]) };
+            self.servers[owner as usize].host_q.announce(id);
             // The prefix being extended is pinned: making room never demotes or drops it.
             if !self.make_room_for_owned(owner, &chain[..i], &mut out) {
                 out.refused = true;
