@@ -331,6 +331,7 @@ impl Oracle {
                 StoreEvent::Demoted { .. } => out.demoted += 1,
                 StoreEvent::Dropped { .. } => out.dropped += 1,
                 StoreEvent::Refused { .. } => out.refused = true,
+                StoreEvent::NotAdmitted { .. } => out.not_admitted = true,
                 _ => unreachable!("an insert touches no replica cache"),
             }
         }

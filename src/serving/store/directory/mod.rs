@@ -47,6 +47,12 @@
 //! to get the tensor back ([`super::eviction`]): SSD read instead of host read for a demotion,
 //! recomputation for a drop, a network fetch for a replica.
 //!
+//! **Admission.** Before a new tensor is stored, the store's admission rule
+//! ([`super::admission`]) may refuse it; the insert then stops there
+//! ([`StoreEvent::NotAdmitted`], `StoreStats::not_admitted`), before any room is made. Under
+//! `tinylfu` it compares the tensor with the owned cache's next victim (found as making room
+//! would find it, without evicting it), and every lookup counts the tensors it asks for.
+//!
 //! **Access counts** (GDSF's frequency; LRU's last access). They are what the metadata service
 //! sees, since it makes every eviction decision: it plans every load, while the reads
 //! themselves (one-sided RDMA from host memory) are invisible to the owner's CPU. So:
@@ -76,7 +82,7 @@
 use std::collections::HashMap;
 
 use super::TierEviction;
-use super::admission::Admission;
+use super::admission::{Admission, Filter};
 use super::eviction::{Access, EvictionQueue};
 use super::read_counts::{NO_ROW, ReadCounts};
 use crate::hash::IdBuildHasher;
@@ -149,6 +155,12 @@ pub enum StoreEvent {
     /// An insert stopped before the tensor at `index`: `node` had no room for it without
     /// evicting the prefix being extended (which an insert never does).
     Refused {
+        node: u32,
+        index: u32,
+    },
+    /// An insert stopped before the tensor at `index`: the admission rule did not admit it
+    /// ([`super::admission`]).
+    NotAdmitted {
         node: u32,
         index: u32,
     },
@@ -278,6 +290,8 @@ pub struct InsertOutcome {
     pub dropped: u32,
     /// Whether the insert stopped early for want of room (see [`StoreEvent::Refused`]).
     pub refused: bool,
+    /// Whether the insert stopped early at a tensor its admission rule did not admit.
+    pub not_admitted: bool,
 }
 
 /// What serves one tensor of a lookup: the reader's replica, or its owner's copy.
@@ -307,6 +321,8 @@ pub struct Directory {
     lease_ns: u64,
     now_ns: u64,
     pub stats: StoreStats,
+    /// The admission rule's state.
+    admission: Filter,
     /// Recorded decisions, when recording is on.
     pub events: Option<Vec<StoreEvent>>,
     /// Changes of what each server holds, when tracking is on (see [`Directory::changes`]).
@@ -344,6 +360,7 @@ impl Directory {
                 replicas: HashMap::default(),
             })
             .collect();
+        let admission = Filter::new(params.admission, host.saturating_mul(params.nodes as u64));
         let reads = params
             .replicate_after_reads
             .map(|after| ReadCounts::new(params.nodes, after));
@@ -358,6 +375,7 @@ impl Directory {
             lease_ns: 0,
             now_ns: 0,
             stats: StoreStats::default(),
+            admission,
             events: None,
             changes: None,
             scratch: Vec::new(),
@@ -468,6 +486,16 @@ impl Directory {
                 continue;
             }
             let parent = if i == 0 { None } else { Some(chain[i - 1]) };
+            if !self.admit(owner, &chain[..i], id) {
+                self.admission.proposed(&chain[i + 1..]);
+                out.not_admitted = true;
+                self.stats.not_admitted += 1;
+                self.record(StoreEvent::NotAdmitted {
+                    node: owner,
+                    index: i as u32,
+                });
+                break;
+            }
             self.servers[owner as usize].host_q.announce(id);
             // The prefix being extended is pinned: making room never demotes or drops it.
             if !self.make_room_for_owned(owner, &chain[..i], &mut out) {
