@@ -103,6 +103,7 @@ fn delta(after: &StoreStats, before: &StoreStats) -> StoreStats {
         replicated: after.replicated - before.replicated,
         replicas_evicted: after.replicas_evicted - before.replicas_evicted,
         refused: after.refused - before.refused,
+        not_admitted: after.not_admitted - before.not_admitted,
         lost: after.lost - before.lost,
     }
 }

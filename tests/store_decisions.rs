@@ -80,6 +80,9 @@ impl Script {
                 StoreEvent::Refused { node, index } => {
                     format!("refused #{index} on {node}: no room without evicting its prefix")
                 }
+                StoreEvent::NotAdmitted { node, index } => {
+                    format!("not admitted #{index} on {node}")
+                }
             };
             self.log += &format!("  {line}\n");
         }

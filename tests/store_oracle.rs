@@ -220,6 +220,25 @@ fn timed_op(nodes: u32, pool: Vec<Vec<u8>>) -> impl Strategy<Value = Op> {
     ]
 }
 
+/// The orders the oracle models (LRU, GDSF, LFU): one for every tier, or one per tier.
+fn tier_orders() -> impl Strategy<Value = TierEviction> {
+    let order = || {
+        prop_oneof![
+            Just(Eviction::Lru),
+            Just(Eviction::Gdsf),
+            Just(Eviction::Lfu)
+        ]
+    };
+    prop_oneof![
+        2 => order().prop_map(TierEviction::all),
+        1 => (order(), order(), order()).prop_map(|(host, ssd, replica)| TierEviction {
+            host,
+            ssd,
+            replica
+        }),
+    ]
+}
+
 fn params() -> impl Strategy<Value = StoreParams> {
     (
         2u32..4,
@@ -227,20 +246,20 @@ fn params() -> impl Strategy<Value = StoreParams> {
         // The replica cache's share of host memory, in eighths: 0 (EvoStore) to all of it.
         0u64..=8,
         0u64..5,
-        prop::bool::ANY,
+        tier_orders(),
         prop::bool::ANY,
         0u32..3,
         // How much more a drop of a later tensor costs (0: all drops cost the same).
         prop_oneof![Just(0.0), Just(2e4), Just(3e5)],
     )
         .prop_map(
-            |(nodes, host, eighths, ssd, gdsf, consolidate, after, per_index)| StoreParams {
+            |(nodes, host, eighths, ssd, eviction, consolidate, after, per_index)| StoreParams {
                 nodes,
                 tensor_bytes: 10,
                 host_capacity: host * 10,
                 replica_capacity: host * 10 * eighths / 8,
                 ssd_capacity: ssd * 10,
-                eviction: TierEviction::all(if gdsf { Eviction::Gdsf } else { Eviction::Lru }),
+                eviction,
                 admission: Admission::Always,
                 consolidate,
                 replicate_after_reads: (after > 0).then_some(after),
@@ -397,14 +416,20 @@ fn scenario_params(eviction: Eviction) -> StoreParams {
 /// One node with room for two tensors in host memory and one on SSD. A = [0] is read three
 /// times in all (freq 3, last read at tick 4), B = [1] twice (freq 2, last read at tick 5).
 /// Storing C = [2] demotes a host leaf: LRU takes A (older last access, tick 4 < 5), GDSF
-/// takes B (lower priority, 2 x 0.26 < 3 x 0.26 ns/B). Storing D = [2, 0] pins C, so the
-/// other host tensor is demoted and the full SSD drops the one demoted before it: under LRU
-/// B is demoted and A dropped, under GDSF the reverse.
+/// takes B (lower priority, 2 x 0.26 < 3 x 0.26 ns/B), and so does LFU (2 accesses < 3).
+/// Storing D = [2, 0] pins C, so the other host tensor is demoted and the full SSD drops the
+/// one demoted before it: under LRU B is demoted and A dropped, under GDSF and LFU the
+/// reverse.
 #[test]
-fn lru_and_gdsf_evict_in_the_order_computed_by_hand_in_both_directory_and_oracle() {
+fn lru_gdsf_and_lfu_evict_in_the_order_computed_by_hand_in_both_directory_and_oracle() {
     let [a, b, c] = [[0u8], [1], [2]].map(|s| chain(&s)[0]);
     let d_id = chain(&[2, 0])[1];
-    for (eviction, first, second) in [(Eviction::Lru, a, b), (Eviction::Gdsf, b, a)] {
+    let orders = [
+        (Eviction::Lru, a, b),
+        (Eviction::Gdsf, b, a),
+        (Eviction::Lfu, b, a),
+    ];
+    for (eviction, first, second) in orders {
         let mut pair = Pair::new(scenario_params(eviction));
         pair.insert(&[0], 0).unwrap();
         pair.insert(&[1], 0).unwrap();

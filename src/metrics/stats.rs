@@ -33,6 +33,10 @@ pub struct StoreStats {
     /// Inserts stopped early because the writer's node had no room without evicting the
     /// prefix being extended (not a column of `summary.csv`).
     pub refused: u64,
+    /// Inserts stopped early because the store's admission rule did not admit a tensor
+    /// (not a column of `summary.csv`).
+    #[serde(default)]
+    pub not_admitted: u64,
     /// Tensors lost with their node or store server (faults), and the ones that extended
     /// them; not a column of `summary.csv`.
     pub lost: u64,

@@ -7,8 +7,10 @@
 //! per node an owned cache (host memory less the replica share), an SSD and a replica cache,
 //! each within its own capacity; victims chosen among the leaves of one tier of one node (no
 //! child of the same owner in that tier; for replicas, no child replicated on that node), in
-//! LRU order (last access tick) or GDSF order (`clock + freq x cost/size`, the clock being the
-//! priority of the tier's last victim), ties broken by the lower tensor id; the prefix an
+//! LRU order (last access tick), GDSF order (`clock + freq x cost/size`, the clock being the
+//! priority of the tier's last victim) or LFU order (access count, then last access tick),
+//! each tier its own, ties broken by the lower tensor id (S3-FIFO and ARC, whose lists move
+//! while a victim is sought, are left to `tests/eviction_oracle.rs`); the prefix an
 //! insert extends pinned; demotion to SSD, dropping a whole subtree (with its replicas) when
 //! the SSD is full, and dropping the demoted tensor itself when nothing on SSD may go;
 //! lookups served by the reader's replica first, one access to the serving copy per planned
@@ -220,11 +222,15 @@ impl Oracle {
         }
     }
 
-    /// Eviction order of `kind`: LRU by last access, GDSF by priority; then by id.
+    /// Eviction order of `kind`: LRU by last access, GDSF by priority, LFU by access count
+    /// then last access; then by id. S3-FIFO and ARC are not modelled here (their lists are
+    /// checked against references of their own in `tests/eviction_oracle.rs`).
     fn order(kind: Eviction, a: (TensorId, &History), b: (TensorId, &History)) -> Ordering {
         let by_key = match kind {
             Eviction::Lru => a.1.tick.cmp(&b.1.tick),
             Eviction::Gdsf => priority(a.1).total_cmp(&priority(b.1)),
+            Eviction::Lfu => (a.1.freq, a.1.tick).cmp(&(b.1.freq, b.1.tick)),
+            Eviction::S3Fifo | Eviction::Arc => unimplemented!("{kind:?} is not modelled"),
         };
         by_key.then(a.0.cmp(&b.0))
     }
@@ -325,6 +331,7 @@ impl Oracle {
                 StoreEvent::Demoted { .. } => out.demoted += 1,
                 StoreEvent::Dropped { .. } => out.dropped += 1,
                 StoreEvent::Refused { .. } => out.refused = true,
+                StoreEvent::NotAdmitted { .. } => out.not_admitted = true,
                 _ => unreachable!("an insert touches no replica cache"),
             }
         }

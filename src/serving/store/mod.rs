@@ -39,9 +39,10 @@
 //! cache (`replica_fraction` of it; none under EvoStore) and the owned cache (the rest).
 //! Neither takes room from the other: owned tensors are demoted to SSD (dropped when SSD is
 //! full), replicas are evicted (they can be fetched again), each within its own cache, leaves
-//! of the prefix trie first. Eviction order is LRU or GDSF over the accesses the metadata
-//! service sees: every load it plans counts once for the copy that serves it (a replica for
-//! its node's reads, else the owner's tensor). The rules in full are in [`directory`].
+//! of the prefix trie first. Eviction order (LRU, GDSF, LFU, S3-FIFO or ARC, per tier) is
+//! over the accesses the metadata service sees: every load it plans counts once for the copy
+//! that serves it (a replica for its node's reads, else the owner's tensor). The rules in full
+//! are in [`directory`].
 //!
 //! Not modelled: metadata updates are instantaneous at the service; SSD reads do not
 //! promote tensors back to host memory. The model is not split into layer ranges here (one

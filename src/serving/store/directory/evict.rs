@@ -6,6 +6,28 @@
 use super::*;
 
 impl Directory {
+    /// Whether the admission rule stores `id`, proposed to `node`'s owned cache by an insert
+    /// that pins `pinned`: the rule compares it with the tensor that making room would demote
+    /// first (none when there is room).
+    pub(super) fn admit(&mut self, node: u32, pinned: &[TensorId], id: TensorId) -> bool {
+        if matches!(self.admission, Filter::Always) {
+            return true;
+        }
+        let bytes = self.params.tensor_bytes;
+        let full = self.servers[node as usize].owned_host_bytes + bytes > self.owned_capacity();
+        let victim = if full && matches!(self.admission, Filter::TinyLfu(_)) {
+            let (tensors, now) = (&self.tensors, self.now_ns);
+            let eligible = |v: u64| {
+                let t = &tensors[&v];
+                !pinned.contains(&v) && t.lease_until <= now && t.is_leaf()
+            };
+            self.servers[node as usize].host_q.peek_where(eligible)
+        } else {
+            None
+        };
+        self.admission.admit(id, victim)
+    }
+
     /// Frees owned memory on `node` for one more owned tensor: demotes owned tensors to SSD
     /// (dropping from SSD when it is full), leaves of host memory first, never one of `pinned`
     /// (the prefix an insert extends). The replica cache is left alone. False if impossible.
@@ -147,6 +169,7 @@ impl Directory {
         self.servers[node as usize].owned_host_bytes -= bytes;
         // The tensor is now between tiers: mark it on SSD so a cascade can find it.
         self.set_location(id, Location::Ssd);
+        self.servers[node as usize].ssd_q.announce(id);
         // Bounded: each round drops at least one tensor.
         while self.servers[node as usize].ssd_bytes + bytes > self.params.ssd_capacity {
             let tensors = &self.tensors;

@@ -8,6 +8,12 @@ impl Directory {
     /// stored tensors after the first `skip` (those the reader already has). Counts as an
     /// access to every tensor it plans to load.
     pub fn lookup(&mut self, chain: &[TensorId], skip: usize, reader: u32) -> LoadPlan {
+        if self.admission.records_lookups() {
+            // What the reader asks the store for, stored or not.
+            for &id in chain.iter().skip(skip) {
+                self.admission.record(id);
+            }
+        }
         let mut served = std::mem::take(&mut self.scratch);
         served.clear();
         let k = self.serve(chain, skip, reader, &mut served);

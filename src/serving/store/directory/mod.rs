@@ -32,8 +32,9 @@
 //!   be fetched again from the owner); it never demotes or drops an owned tensor.
 //!
 //! **Leaf-first victims.** Each tier of each node (owned host memory, SSD, replica cache)
-//! chooses its victim among its *leaves* in LRU or GDSF order: a tensor with no child in the
-//! same tier of the same node. A child already demoted to SSD, or owned by another node, does
+//! chooses its victim among its *leaves* in its order (LRU, GDSF, LFU, S3-FIFO or ARC, see
+//! [`super::eviction`]; each tier's queue knows its capacity in tensors): a tensor with no
+//! child in the same tier of the same node. A child already demoted to SSD, or owned by another node, does
 //! not make its parent a non-leaf in host memory; a child in host memory does not make its
 //! parent a non-leaf on SSD; a replica is a leaf when no child of it is a replica on the same
 //! node. A prefix thus shrinks from its end, tier by tier. Every tensor counts its children per
@@ -45,6 +46,12 @@
 //! adding replicas never evicts the replicated prefix's own ancestors. GDSF's cost is the time
 //! to get the tensor back ([`super::eviction`]): SSD read instead of host read for a demotion,
 //! recomputation for a drop, a network fetch for a replica.
+//!
+//! **Admission.** Before a new tensor is stored, the store's admission rule
+//! ([`super::admission`]) may refuse it; the insert then stops there
+//! ([`StoreEvent::NotAdmitted`], `StoreStats::not_admitted`), before any room is made. Under
+//! `tinylfu` it compares the tensor with the owned cache's next victim (found as making room
+//! would find it, without evicting it), and every lookup counts the tensors it asks for.
 //!
 //! **Access counts** (GDSF's frequency; LRU's last access). They are what the metadata service
 //! sees, since it makes every eviction decision: it plans every load, while the reads
@@ -75,7 +82,7 @@
 use std::collections::HashMap;
 
 use super::TierEviction;
-use super::admission::Admission;
+use super::admission::{Admission, Filter};
 use super::eviction::{Access, EvictionQueue};
 use super::read_counts::{NO_ROW, ReadCounts};
 use crate::hash::IdBuildHasher;
@@ -148,6 +155,12 @@ pub enum StoreEvent {
     /// An insert stopped before the tensor at `index`: `node` had no room for it without
     /// evicting the prefix being extended (which an insert never does).
     Refused {
+        node: u32,
+        index: u32,
+    },
+    /// An insert stopped before the tensor at `index`: the admission rule did not admit it
+    /// ([`super::admission`]).
+    NotAdmitted {
         node: u32,
         index: u32,
     },
@@ -277,6 +290,8 @@ pub struct InsertOutcome {
     pub dropped: u32,
     /// Whether the insert stopped early for want of room (see [`StoreEvent::Refused`]).
     pub refused: bool,
+    /// Whether the insert stopped early at a tensor its admission rule did not admit.
+    pub not_admitted: bool,
 }
 
 /// What serves one tensor of a lookup: the reader's replica, or its owner's copy.
@@ -306,6 +321,8 @@ pub struct Directory {
     lease_ns: u64,
     now_ns: u64,
     pub stats: StoreStats,
+    /// The admission rule's state.
+    admission: Filter,
     /// Recorded decisions, when recording is on.
     pub events: Option<Vec<StoreEvent>>,
     /// Changes of what each server holds, when tracking is on (see [`Directory::changes`]).
@@ -325,17 +342,25 @@ impl Directory {
             params.replica_capacity,
             params.host_capacity
         );
+        // Each tier's capacity in tensors (all of one size), for the orders that size lists.
+        let entries = |bytes: u64| bytes.checked_div(params.tensor_bytes).unwrap_or(u64::MAX);
+        let host = entries(params.host_capacity - params.replica_capacity);
+        let (ssd, replica) = (
+            entries(params.ssd_capacity),
+            entries(params.replica_capacity),
+        );
         let servers = (0..params.nodes)
             .map(|_| Server {
                 owned_host_bytes: 0,
                 replica_bytes: 0,
                 ssd_bytes: 0,
-                host_q: EvictionQueue::new(params.eviction.host),
-                ssd_q: EvictionQueue::new(params.eviction.ssd),
-                replica_q: EvictionQueue::new(params.eviction.replica),
+                host_q: EvictionQueue::with_capacity(params.eviction.host, host),
+                ssd_q: EvictionQueue::with_capacity(params.eviction.ssd, ssd),
+                replica_q: EvictionQueue::with_capacity(params.eviction.replica, replica),
                 replicas: HashMap::default(),
             })
             .collect();
+        let admission = Filter::new(params.admission, host.saturating_mul(params.nodes as u64));
         let reads = params
             .replicate_after_reads
             .map(|after| ReadCounts::new(params.nodes, after));
@@ -350,6 +375,7 @@ impl Directory {
             lease_ns: 0,
             now_ns: 0,
             stats: StoreStats::default(),
+            admission,
             events: None,
             changes: None,
             scratch: Vec::new(),
@@ -460,6 +486,17 @@ impl Directory {
                 continue;
             }
             let parent = if i == 0 { None } else { Some(chain[i - 1]) };
+            if !self.admit(owner, &chain[..i], id) {
+                self.admission.proposed(&chain[i + 1..]);
+                out.not_admitted = true;
+                self.stats.not_admitted += 1;
+                self.record(StoreEvent::NotAdmitted {
+                    node: owner,
+                    index: i as u32,
+                });
+                break;
+            }
+            self.servers[owner as usize].host_q.announce(id);
             // The prefix being extended is pinned: making room never demotes or drops it.
             if !self.make_room_for_owned(owner, &chain[..i], &mut out) {
                 out.refused = true;

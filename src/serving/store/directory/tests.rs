@@ -480,3 +480,39 @@ fn replaying_the_changes_gives_exactly_what_every_node_holds() {
     }
     assert!(d.stats.demoted > 0 && d.stats.dropped > 0 && d.stats.replicas_evicted > 0);
 }
+
+/// Prompts 1 to 3 and 14 come back often, the others rarely.
+const SCRIPT: [u32; 28] = [
+    2, 9, 5, 2, 11, 4, 2, 5, 14, 3, 2, 2, 12, 14, 1, 14, 2, 2, 13, 11, 10, 14, 13, 2, 2, 3, 2, 1,
+];
+
+/// The prompts each order keeps in a host memory of 4 tensors (no SSD: a demotion drops)
+/// after `script`: single-chunk prompts (all leaves), each looked up and stored if missed.
+fn kept_after(eviction: Eviction, script: &[u32]) -> Vec<u32> {
+    let mut p = params(1, 4, 0, 0);
+    p.eviction = TierEviction::all(eviction);
+    p.replicate_after_reads = None;
+    let mut d = Directory::new(p);
+    let step = |d: &mut Directory, s: u32| {
+        let c = chain(&[s]);
+        if d.lookup(&c, 0, 0).stored_chunks == 0 {
+            d.insert(&c, 0);
+        }
+    };
+    for &s in script {
+        step(&mut d, s);
+        d.check().unwrap();
+    }
+    (1..=14).filter(|&s| d.contains(chain(&[s])[0])).collect()
+}
+
+#[test]
+fn the_five_orders_keep_different_tensors() {
+    let kept = |e| kept_after(e, &SCRIPT);
+    // LRU keeps the four last used; no two orders keep the same four.
+    assert_eq!(kept(Eviction::Lru), [1, 2, 3, 13]);
+    assert_eq!(kept(Eviction::Gdsf), [1, 2, 13, 14]);
+    assert_eq!(kept(Eviction::Lfu), [1, 2, 5, 14]);
+    assert_eq!(kept(Eviction::S3Fifo), [1, 2, 3, 14]);
+    assert_eq!(kept(Eviction::Arc), [1, 2, 3, 10]);
+}
