@@ -9,7 +9,8 @@
 //! rules, store loads that overlap compute layer by layer or not (`load_overlap`), and a
 //! generated SQuAD- or WikiQA-style workload of 10 to 120 requests. Beside the paper's four
 //! presets, every seed runs a random composition (`[policy.mix]`: a random preset as base,
-//! its tiers, scope, chunk, capacities, eviction per tier and replication drawn, always one
+//! its tiers, scope, chunk, capacities, eviction per tier (all five orders), admission and
+//! replication drawn, always one
 //! that can work). Every scenario is a valid
 //! scenario file: `meshsim vopr --seed S --print` writes it, and `meshsim run` runs it like
 //! any other.
@@ -244,12 +245,12 @@ fn composition_text(pick: &mut dyn FnMut(u64) -> u64, block: u64, block_mib: f64
     let per = [1, 2, 4, 8][pick(4) as usize];
     let chunk_mib = block_mib * per as f64;
     let scope = ["instance", "node", "cluster"][pick(3) as usize];
-    let evict = |p: u64| ["lru", "gdsf"][p as usize];
+    let evict = |p: u64| ["lru", "gdsf", "lfu", "s3-fifo", "arc"][p as usize];
     let _ = write!(
         t,
         "tiers = {}\nscope = \"{scope}\"\ntensor_tokens = {}\nhost_capacity_gib = {:.9}\n\
          host_eviction = \"{}\"\nssd_eviction = \"{}\"\nreplica_eviction = \"{}\"\n\
-         consolidate = {}\nload_overlap = \"{}\"\n",
+         admission = \"{}\"\nconsolidate = {}\nload_overlap = \"{}\"\n",
         if tiers == 1 {
             "[\"host\"]"
         } else {
@@ -257,9 +258,10 @@ fn composition_text(pick: &mut dyn FnMut(u64) -> u64, block: u64, block_mib: f64
         },
         block * per,
         chunk_mib * (4 + pick(37)) as f64 / 1024.0,
-        evict(pick(2)),
-        evict(pick(2)),
-        evict(pick(2)),
+        evict(pick(5)),
+        evict(pick(5)),
+        evict(pick(5)),
+        ["always", "second-hit", "tinylfu"][pick(3) as usize],
         pick(2) == 0,
         ["none", "layerwise"][pick(2) as usize],
     );

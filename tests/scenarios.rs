@@ -37,7 +37,13 @@ fn every_bundled_scenario_validates() {
         }
         // The paper's four, or (live_small_presets) the deployed systems beside vanilla.
         let want: &[&str] = if stem == "live_small_presets" {
-            &["vanilla", "vllm-offload", "lmcache", "sglang-hicache", "mooncake-store"]
+            &[
+                "vanilla",
+                "vllm-offload",
+                "lmcache",
+                "sglang-hicache",
+                "mooncake-store",
+            ]
         } else {
             &["vanilla", "local-prefix", "evostore", "ptstore"]
         };
