@@ -291,3 +291,42 @@ fn a_table_that_restates_a_preset_gives_the_presets_results_byte_for_byte() {
     assert_eq!(a.loaded_bytes, b.loaded_bytes);
     assert_eq!(a.prefix_hit_ratio, b.prefix_hit_ratio);
 }
+
+/// What results/README.md ("Does the eviction order matter?") says of the committed
+/// results of `study_eviction` (which tests/committed_results.rs reproduces byte for byte).
+#[test]
+fn on_a_store_too_small_for_its_working_set_frequency_aware_orders_serve_more_than_lru() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("results/study_eviction/summary.csv");
+    let mut rows = csv::Reader::from_path(path).unwrap();
+    let head = rows.headers().unwrap().clone();
+    let col = |name: &str| head.iter().position(|h| h == name).unwrap();
+    let (p, hit, mean, dropped) = (
+        col("policy"),
+        col("prefix_hit_ratio"),
+        col("ttft_mean_ms"),
+        col("store_tensors_dropped"),
+    );
+    let mut by: BTreeMap<String, (f64, f64, u64)> = BTreeMap::new();
+    for r in rows.records() {
+        let r = r.unwrap();
+        by.insert(
+            r[p].to_string(),
+            (
+                r[hit].parse().unwrap(),
+                r[mean].parse().unwrap(),
+                r[dropped].parse().unwrap(),
+            ),
+        );
+    }
+    let lru = by["lru"];
+    for order in ["gdsf", "lfu", "s3-fifo", "arc"] {
+        let o = by[order];
+        assert!(o.0 > 1.08 * lru.0, "{order}: {o:?} against lru {lru:?}");
+        assert!(o.1 < 0.91 * lru.1, "{order}: {o:?} against lru {lru:?}");
+    }
+    let tiny = by["lru-tinylfu"];
+    assert!(tiny.0 > 1.05 * lru.0 && tiny.2 * 5 < lru.2, "{tiny:?} {lru:?}");
+    let second = by["lru-second-hit"];
+    assert!(second.0 > lru.0 && second.0 < tiny.0, "{second:?}");
+}

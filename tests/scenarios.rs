@@ -35,7 +35,8 @@ fn every_bundled_scenario_validates() {
         if stem.starts_with("validation_") {
             continue;
         }
-        // The paper's four, or (live_small_presets) the deployed systems beside vanilla.
+        // The paper's four, or the deployed systems beside vanilla (live_small_presets), or
+        // one store's eviction orders and admissions (study_eviction).
         let want: &[&str] = if stem == "live_small_presets" {
             &[
                 "vanilla",
@@ -43,6 +44,16 @@ fn every_bundled_scenario_validates() {
                 "lmcache",
                 "sglang-hicache",
                 "mooncake-store",
+            ]
+        } else if stem == "study_eviction" {
+            &[
+                "lru",
+                "gdsf",
+                "lfu",
+                "s3-fifo",
+                "arc",
+                "lru-second-hit",
+                "lru-tinylfu",
             ]
         } else {
             &["vanilla", "local-prefix", "evostore", "ptstore"]
