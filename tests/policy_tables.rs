@@ -296,8 +296,8 @@ fn a_table_that_restates_a_preset_gives_the_presets_results_byte_for_byte() {
 /// results of `study_eviction` (which tests/committed_results.rs reproduces byte for byte).
 #[test]
 fn on_a_store_too_small_for_its_working_set_frequency_aware_orders_serve_more_than_lru() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("results/study_eviction/summary.csv");
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("results/study_eviction/summary.csv");
     let mut rows = csv::Reader::from_path(path).unwrap();
     let head = rows.headers().unwrap().clone();
     let col = |name: &str| head.iter().position(|h| h == name).unwrap();
@@ -326,7 +326,10 @@ fn on_a_store_too_small_for_its_working_set_frequency_aware_orders_serve_more_th
         assert!(o.1 < 0.91 * lru.1, "{order}: {o:?} against lru {lru:?}");
     }
     let tiny = by["lru-tinylfu"];
-    assert!(tiny.0 > 1.05 * lru.0 && tiny.2 * 5 < lru.2, "{tiny:?} {lru:?}");
+    assert!(
+        tiny.0 > 1.05 * lru.0 && tiny.2 * 5 < lru.2,
+        "{tiny:?} {lru:?}"
+    );
     let second = by["lru-second-hit"];
     assert!(second.0 > lru.0 && second.0 < tiny.0, "{second:?}");
 }

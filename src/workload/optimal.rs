@@ -100,9 +100,7 @@ pub fn optimal_hit_tokens(accesses: &[(u64, u32)], capacity: u64) -> u64 {
 mod tests {
     use super::*;
     use crate::hash::mix64;
-    use crate::units::Nanos;
     use crate::workload::stats::Blocks;
-    use crate::workload::{Request, TokenArena, Trace};
 
     /// The most tokens any cache of whole blocks of at most `capacity` tokens can hit on
     /// `accesses`: every choice, after every access, of which held blocks and whether the
@@ -222,25 +220,7 @@ mod tests {
         }
     }
 
-    fn trace(prompts: &[Vec<u32>]) -> Trace {
-        let mut arena = TokenArena::default();
-        let requests = prompts
-            .iter()
-            .enumerate()
-            .map(|(i, p)| Request {
-                arrival: Nanos(i as u64),
-                segments: vec![arena.push(p.iter().copied())],
-                prompt_tokens: p.len() as u32,
-                output_tokens: 1,
-                context: 0,
-            })
-            .collect();
-        Trace {
-            arena,
-            requests,
-            contexts: 1,
-        }
-    }
+    use crate::workload::stats::tests::trace;
 
     /// Prompts that share prefixes of three documents, with short random tails.
     fn random_prompts(r: &mut Rand) -> Vec<Vec<u32>> {

@@ -331,20 +331,21 @@ impl TraceStats {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::units::Nanos;
     use crate::workload::{Request, TokenArena};
 
-    fn trace(prompts: &[&[u32]]) -> Trace {
+    /// A trace of `prompts`, one request each, in order.
+    pub(crate) fn trace<P: AsRef<[u32]>>(prompts: &[P]) -> Trace {
         let mut arena = TokenArena::default();
         let requests = prompts
             .iter()
             .enumerate()
             .map(|(i, p)| Request {
                 arrival: Nanos(i as u64),
-                segments: vec![arena.push(p.iter().copied())],
-                prompt_tokens: p.len() as u32,
+                segments: vec![arena.push(p.as_ref().iter().copied())],
+                prompt_tokens: p.as_ref().len() as u32,
                 output_tokens: 1,
                 context: 0,
             })

@@ -21,10 +21,9 @@
 //! "cluster"` policy), the multi-process mode (one LMCache server per node, vLLM 0.34's
 //! default `--kv-offloading-backend lmcache`: `scope = "node"`), per-TP-rank objects.
 
-use super::{Policy, Scope, Setting, StoreRules};
-use crate::serving::store::admission::Admission;
+use super::{Policy, Scope, Setting};
+use crate::serving::store::LoadOverlap;
 use crate::serving::store::eviction::Eviction;
-use crate::serving::store::{LoadOverlap, TierEviction};
 use crate::units::GIB;
 
 /// `chunk_size`'s default.
@@ -33,21 +32,11 @@ const CHUNK_TOKENS: u32 = 256;
 const CPU_BYTES_PER_ENGINE: u64 = 5 * GIB;
 
 pub fn policy(setting: &Setting) -> Policy {
-    Policy {
-        name: String::new(),
-        base: String::new(),
-        gpu_prefix_cache: true,
-        store: Some(StoreRules {
-            scope: Scope::Instance,
-            tensor_tokens: CHUNK_TOKENS,
-            host_capacity_bytes: CPU_BYTES_PER_ENGINE * setting.instances_per_node as u64,
-            ssd_capacity_bytes: 0,
-            eviction: TierEviction::all(Eviction::Lru),
-            admission: Admission::Always,
-            replica_fraction: 0.0,
-            replicate_after_reads: None,
-            consolidate: false,
-            load_overlap: LoadOverlap::None,
-        }),
-    }
+    Policy::host_tier(
+        Scope::Instance,
+        CHUNK_TOKENS,
+        CPU_BYTES_PER_ENGINE * setting.instances_per_node as u64,
+        Eviction::Lru,
+        LoadOverlap::None,
+    )
 }

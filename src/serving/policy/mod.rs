@@ -134,6 +134,35 @@ pub fn preset(name: &str, setting: &Setting) -> Option<Policy> {
 }
 
 impl Policy {
+    /// A policy with the GPU prefix cache and one host tier beyond it: what the deployed
+    /// systems' presets share (one copy, no SSD, every chunk admitted, no consolidation); its
+    /// name is the preset's, set by [`preset`].
+    fn host_tier(
+        scope: Scope,
+        tensor_tokens: u32,
+        host_capacity_bytes: u64,
+        eviction: crate::serving::store::eviction::Eviction,
+        load_overlap: LoadOverlap,
+    ) -> Policy {
+        Policy {
+            name: String::new(),
+            base: String::new(),
+            gpu_prefix_cache: true,
+            store: Some(StoreRules {
+                scope,
+                tensor_tokens,
+                host_capacity_bytes,
+                ssd_capacity_bytes: 0,
+                eviction: TierEviction::all(eviction),
+                admission: Admission::Always,
+                replica_fraction: 0.0,
+                replicate_after_reads: None,
+                consolidate: false,
+                load_overlap,
+            }),
+        }
+    }
+
     /// The name used in scenarios and results.
     pub fn name(&self) -> &str {
         &self.name

@@ -22,10 +22,9 @@
 //! replication of hot keys, and reads staged through the reader's host buffer (meshsim's
 //! remote load lands in the GPU directly).
 
-use super::{Policy, Scope, Setting, StoreRules};
-use crate::serving::store::admission::Admission;
+use super::{Policy, Scope, Setting};
+use crate::serving::store::LoadOverlap;
 use crate::serving::store::eviction::Eviction;
-use crate::serving::store::{LoadOverlap, TierEviction};
 
 /// LMCache's chunk.
 const CHUNK_TOKENS: u32 = 256;
@@ -33,21 +32,11 @@ const CHUNK_TOKENS: u32 = 256;
 const SEGMENT_BYTES: u64 = 3_355_443_200;
 
 pub fn policy(setting: &Setting) -> Policy {
-    Policy {
-        name: String::new(),
-        base: String::new(),
-        gpu_prefix_cache: true,
-        store: Some(StoreRules {
-            scope: Scope::Cluster,
-            tensor_tokens: CHUNK_TOKENS,
-            host_capacity_bytes: SEGMENT_BYTES * setting.instances_per_node as u64,
-            ssd_capacity_bytes: 0,
-            eviction: TierEviction::all(Eviction::Lru),
-            admission: Admission::Always,
-            replica_fraction: 0.0,
-            replicate_after_reads: None,
-            consolidate: false,
-            load_overlap: LoadOverlap::None,
-        }),
-    }
+    Policy::host_tier(
+        Scope::Cluster,
+        CHUNK_TOKENS,
+        SEGMENT_BYTES * setting.instances_per_node as u64,
+        Eviction::Lru,
+        LoadOverlap::None,
+    )
 }

@@ -12,32 +12,23 @@
 //! order, it behaves exactly like `evostore`. Sizes, chunk and load overlap are the `[store]`
 //! table's.
 
-use super::{Policy, Scope, StoreRules};
-use crate::serving::store::admission::Admission;
+use super::Policy;
 use crate::serving::store::{StoreConfig, TierEviction};
 
-/// The `ptstore` policy with the scenario's `[store]` settings.
+/// The `ptstore` policy with the scenario's `[store]` settings: `evostore`'s, with
+/// `[store.ptstore]`'s eviction, replication and consolidation.
 pub fn policy(cfg: &StoreConfig) -> Policy {
     let p = &cfg.ptstore;
-    Policy {
-        name: "ptstore".into(),
-        base: "ptstore".into(),
-        gpu_prefix_cache: cfg.gpu_prefix_cache,
-        store: Some(StoreRules {
-            scope: Scope::Cluster,
-            tensor_tokens: cfg.tensor_tokens,
-            host_capacity_bytes: cfg.host_capacity_bytes,
-            ssd_capacity_bytes: cfg.ssd_capacity_bytes,
-            eviction: TierEviction::all(p.eviction),
-            admission: Admission::Always,
-            replica_fraction: if p.replicate_after_reads.is_some() {
-                p.replica_fraction
-            } else {
-                0.0
-            },
-            replicate_after_reads: p.replicate_after_reads,
-            consolidate: p.consolidate,
-            load_overlap: cfg.load_overlap,
-        }),
+    let mut policy = super::evostore::policy(cfg);
+    if let Some(s) = policy.store.as_mut() {
+        s.eviction = TierEviction::all(p.eviction);
+        s.replica_fraction = if p.replicate_after_reads.is_some() {
+            p.replica_fraction
+        } else {
+            0.0
+        };
+        s.replicate_after_reads = p.replicate_after_reads;
+        s.consolidate = p.consolidate;
     }
+    policy
 }

@@ -20,10 +20,9 @@
 //! modelled here yet), `write_through_selective` and `write_back`, an L3 storage backend
 //! (compose a `scope = "cluster"` policy for a shared one), prefetch timeouts.
 
-use super::{Policy, Scope, Setting, StoreRules};
-use crate::serving::store::admission::Admission;
+use super::{Policy, Scope, Setting};
+use crate::serving::store::LoadOverlap;
 use crate::serving::store::eviction::Eviction;
-use crate::serving::store::{LoadOverlap, TierEviction};
 
 /// `--hicache-ratio`'s default in `cache` mode.
 const HOST_TO_DEVICE_RATIO: u64 = 2;
@@ -33,21 +32,11 @@ const HOST_MEMORY_TENTHS: u64 = 8;
 pub fn policy(setting: &Setting) -> Policy {
     let pools = HOST_TO_DEVICE_RATIO * setting.kv_pool_bytes * setting.instances_per_node as u64;
     let cap = setting.host_memory_bytes / 10 * HOST_MEMORY_TENTHS;
-    Policy {
-        name: String::new(),
-        base: String::new(),
-        gpu_prefix_cache: true,
-        store: Some(StoreRules {
-            scope: Scope::Instance,
-            tensor_tokens: setting.block_size,
-            host_capacity_bytes: pools.min(cap),
-            ssd_capacity_bytes: 0,
-            eviction: TierEviction::all(Eviction::Lru),
-            admission: Admission::Always,
-            replica_fraction: 0.0,
-            replicate_after_reads: None,
-            consolidate: false,
-            load_overlap: LoadOverlap::Layerwise,
-        }),
-    }
+    Policy::host_tier(
+        Scope::Instance,
+        setting.block_size,
+        pools.min(cap),
+        Eviction::Lru,
+        LoadOverlap::Layerwise,
+    )
 }

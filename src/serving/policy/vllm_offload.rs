@@ -21,30 +21,19 @@
 //! Left out: LRU's tail-before-head order within one request, stores dropped while the CPU
 //! pool is pinned by loads, the optional secondary tiers (`TieringOffloadingSpec`).
 
-use super::{Policy, Scope, Setting, StoreRules};
-use crate::serving::store::TierEviction;
-use crate::serving::store::admission::Admission;
+use super::{Policy, Scope, Setting};
+use crate::serving::store::LoadOverlap;
 use crate::serving::store::eviction::Eviction;
 
 /// vLLM 0.34.0's default GPU block size, and so its offloaded chunk.
 const CHUNK_TOKENS: u32 = 64;
 
 pub fn policy(setting: &Setting) -> Policy {
-    Policy {
-        name: String::new(),
-        base: String::new(),
-        gpu_prefix_cache: true,
-        store: Some(StoreRules {
-            scope: Scope::Instance,
-            tensor_tokens: CHUNK_TOKENS,
-            host_capacity_bytes: setting.store.host_capacity_bytes,
-            ssd_capacity_bytes: 0,
-            eviction: TierEviction::all(Eviction::Lru),
-            admission: Admission::Always,
-            replica_fraction: 0.0,
-            replicate_after_reads: None,
-            consolidate: false,
-            load_overlap: crate::serving::store::LoadOverlap::None,
-        }),
-    }
+    Policy::host_tier(
+        Scope::Instance,
+        CHUNK_TOKENS,
+        setting.store.host_capacity_bytes,
+        Eviction::Lru,
+        LoadOverlap::None,
+    )
 }
