@@ -93,6 +93,16 @@ pub(crate) fn read_file(
     Ok((file, text, stem))
 }
 
+/// Whether `name` may name a file (or a part of one) on every system: letters, digits, '-',
+/// '_' and '.', not empty, not starting with '.'.
+pub(crate) fn is_file_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch))
+        && !name.starts_with('.')
+}
+
 /// Checks of single values, naming `file` and the key in errors.
 pub(crate) struct Check<'a> {
     pub(crate) file: &'a str,
@@ -117,12 +127,7 @@ impl Check<'_> {
         default_name: &str,
     ) -> Result<String, ScenarioError> {
         let name = name.unwrap_or_else(|| default_name.to_string());
-        let ok = !name.is_empty()
-            && name
-                .chars()
-                .all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch))
-            && !name.starts_with('.');
-        if !ok {
+        if !is_file_name(&name) {
             return Err(self.err(
                 "name",
                 format!(

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::hardware::HardwareSpec;
 use crate::model::ModelConfig;
-use crate::scenario::{Check, MAX_TOKENS, ScenarioError, non_negative};
+use crate::scenario::{Check, MAX_TOKENS, ScenarioError, is_file_name, non_negative};
 use crate::serving::policy::{PRESETS, Policy, Scope, Setting, preset};
 use crate::serving::store::admission::Admission;
 use crate::serving::store::eviction::Eviction;
@@ -133,13 +133,7 @@ fn resolve(
     setting: &Setting,
     b: &Bounds,
 ) -> Result<Policy, ScenarioError> {
-    let ok_name = !name.is_empty()
-        && name.len() <= MAX_POLICY_NAME
-        && name
-            .chars()
-            .all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch))
-        && !name.starts_with('.');
-    if !ok_name {
+    if !is_file_name(name) || name.len() > MAX_POLICY_NAME {
         return Err(c.err(
             "policies",
             format!(
