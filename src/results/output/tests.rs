@@ -195,3 +195,38 @@ fn errors_convert_to_io_errors_with_the_message() {
     assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
     assert_eq!(e.to_string(), "refusing to write x: why");
 }
+
+/// A results folder swapped away and emptied by another run while it is being checked is
+/// never mistaken for a user's folder (the listing would see its files and not the marker),
+/// and a user's folder is still refused.
+#[cfg(unix)]
+#[test]
+fn a_results_folder_swapped_away_and_emptied_while_listed_is_not_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let away = tmp.path().join("away");
+    marked(&out, &[("report.md", "old")]);
+    let mut calls = 0;
+    let answer = replaceable_dir_listed(&out, |dir| {
+        calls += 1;
+        if calls == 1 {
+            // Another run's swap between the identity and the listing, then its cleanup
+            // removing the marker first; the listing sees what is left.
+            fs::rename(dir, &away).unwrap();
+            marked(dir, &[("report.md", "new")]);
+            fs::remove_file(away.join(MARKER)).unwrap();
+            return list_folder(&away);
+        }
+        list_folder(dir)
+    });
+    assert_eq!(answer, Ok(()));
+    assert_eq!(calls, 2);
+    // A folder that stays put is listed once and refused.
+    let mut calls = 0;
+    let answer = replaceable_dir_listed(&away, |dir| {
+        calls += 1;
+        list_folder(dir)
+    });
+    assert!(answer.unwrap_err().contains("no .meshsim-results marker"));
+    assert_eq!(calls, 1);
+}
