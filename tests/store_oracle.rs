@@ -329,7 +329,7 @@ proptest! {
 
 /// One node with room for one owned tensor and no SSD; leases of 10 ns. A lookup of A at 0
 /// leases it until 10: storing B at 5 would have to demote A, and is refused; at 10 the lease
-/// has expired, and storing B demotes A, which the SSD cannot take: A is dropped.
+/// has expired, and storing B evicts A, which with no SSD tier is dropped.
 #[test]
 fn a_read_lease_holds_a_tensor_until_it_expires_in_both_directory_and_oracle() {
     let mut p = scenario_params(Eviction::Lru);
@@ -349,7 +349,6 @@ fn a_read_lease_holds_a_tensor_until_it_expires_in_both_directory_and_oracle() {
     assert_eq!(
         pair.insert(&[1], 0).unwrap(),
         vec![
-            StoreEvent::Demoted { node: 0, index: 0 },
             StoreEvent::Dropped {
                 node: 0,
                 index: 0,
@@ -418,8 +417,8 @@ fn scenario_params(eviction: Eviction) -> StoreParams {
 /// Storing C = [2] demotes a host leaf: LRU takes A (older last access, tick 4 < 5), GDSF
 /// takes B (lower priority, 2 x 0.26 < 3 x 0.26 ns/B), and so does LFU (2 accesses < 3).
 /// Storing D = [2, 0] pins C, so the other host tensor is demoted and the full SSD drops the
-/// one demoted before it: under LRU B is demoted and A dropped, under GDSF and LFU the
-/// reverse.
+/// one demoted before it to make its room: under LRU A is dropped and B demoted, under GDSF
+/// and LFU the reverse.
 #[test]
 fn lru_gdsf_and_lfu_evict_in_the_order_computed_by_hand_in_both_directory_and_oracle() {
     let [a, b, c] = [[0u8], [1], [2]].map(|s| chain(&s)[0]);
@@ -453,7 +452,7 @@ fn lru_gdsf_and_lfu_evict_in_the_order_computed_by_hand_in_both_directory_and_or
             steps,
             vec![
                 vec![demoted.clone(), stored(c, 0)],
-                vec![demoted, dropped, stored(d_id, 1)],
+                vec![dropped, demoted, stored(d_id, 1)],
             ],
             "{eviction:?}"
         );

@@ -365,7 +365,11 @@ impl Oracle {
     fn demote(&mut self, node: u32, id: TensorId, pinned: &[TensorId]) {
         let b = self.p.tensor_bytes;
         let index = self.tensors[&id].index;
-        self.events.push(StoreEvent::Demoted { node, index });
+        if self.p.ssd_capacity < b {
+            // No SSD tier: leaving host memory is being dropped.
+            self.drop_tree(id);
+            return;
+        }
         self.tensors.get_mut(&id).expect("victim is stored").loc = Location::Ssd;
         while (self.count(node, Location::Ssd, Some(id)) + 1) * b > self.p.ssd_capacity {
             let cands = self
@@ -394,6 +398,8 @@ impl Oracle {
                 }
             }
         }
+        // Demoted once its room is made.
+        self.events.push(StoreEvent::Demoted { node, index });
         let value = (self.p.recompute_base_ns + index as f64 * self.p.recompute_per_index_ns)
             / self.p.tensor_bytes as f64;
         let clock = self.clocks[node as usize][Queue::Ssd as usize];

@@ -57,7 +57,6 @@ impl Directory {
             let Some((victim, access)) = q.pop_entry_where(eligible) else {
                 return false;
             };
-            out.demoted += 1;
             self.demote(node, victim, access, pinned, out);
         }
         true
@@ -162,11 +161,14 @@ impl Directory {
         out: &mut InsertOutcome,
     ) {
         let bytes = self.params.tensor_bytes;
-        let index = self.tensors[&id].index;
-        self.record(StoreEvent::Demoted { node, index });
-        self.change(Change::Demoted { node, id });
-        self.stats.demoted += 1;
         self.servers[node as usize].owned_host_bytes -= bytes;
+        if self.params.ssd_capacity < bytes {
+            // No SSD tier (or one that holds no tensor): leaving host memory is being dropped,
+            // and nothing is written anywhere.
+            out.dropped += self.drop_tree(id);
+            return;
+        }
+        let index = self.tensors[&id].index;
         // The tensor is now between tiers: mark it on SSD so a cascade can find it.
         self.set_location(id, Location::Ssd);
         self.servers[node as usize].ssd_q.announce(id);
@@ -193,6 +195,12 @@ impl Directory {
                 return;
             }
         }
+        // Only a tensor that reaches the SSD is written there (and recorded as demoted,
+        // after the drops that made its room).
+        self.record(StoreEvent::Demoted { node, index });
+        self.change(Change::Demoted { node, id });
+        out.demoted += 1;
+        self.stats.demoted += 1;
         let value = self.drop_value(index);
         let server = &mut self.servers[node as usize];
         server.ssd_bytes += bytes;

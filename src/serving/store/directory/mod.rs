@@ -286,7 +286,9 @@ pub struct LoadPlan {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct InsertOutcome {
     pub new_tensors: u32,
+    /// Owned tensors moved from host memory to SSD (bytes the server writes there).
     pub demoted: u32,
+    /// Tensors dropped (from SSD, or from host memory where there is no SSD tier).
     pub dropped: u32,
     /// Whether the insert stopped early for want of room (see [`StoreEvent::Refused`]).
     pub refused: bool,
