@@ -117,6 +117,12 @@ pub trait Context<M> {
     }
     /// This actor's own random stream.
     fn rng(&mut self) -> &mut Stream;
+    /// How long `work` would take if it started now, from what the host sees now: for a
+    /// [`Work::Fetch`], its posting overheads and the share of its path's bottleneck it would
+    /// get now. `None` where the host cannot say (the live host, and other work).
+    fn estimate(&self, _work: &Work) -> Option<Nanos> {
+        None
+    }
 }
 
 /// A sans-IO state machine of a system whose messages are `M`.

@@ -197,3 +197,44 @@ fn conversations_raise_store_hits_everywhere_but_local_hits_only_with_kv_aware_r
     assert!(hit("kv-aware", 8, "local-prefix") > hit("kv-aware", 1, "local-prefix") + 0.08);
     assert!(mean("kv-aware", 8, "local-prefix") < 0.85 * mean("kv-aware", 1, "local-prefix"));
 }
+
+/// "Load or recompute": behind one 25 Gb/s NIC an always-loading store is slower than no
+/// store on the mean, deciding per request makes both stores about 2x faster than vanilla
+/// and shrinks PTStore's lead, and from one 100 Gb/s NIC on both choices give the same rows.
+#[test]
+fn deciding_to_recompute_rescues_the_slow_network_and_changes_nothing_on_a_fast_one() {
+    let s = Study::load("study_network");
+    let slow = "nic_bandwidth_gbit_per_s=25.0 nics_per_node=1";
+    let mean = |policy: &str| s.get(slow, policy, "ttft_mean_ms");
+    assert!(mean("evostore") > mean("vanilla"));
+    for store in ["evostore", "ptstore"] {
+        let decided = format!("{store}-when-faster");
+        assert!(s.ratio(slow, "vanilla", &decided, "mean") > 1.8, "{store}");
+        assert!(
+            s.get(slow, &decided, "reused_remote_host_tokens")
+                < s.get(slow, store, "reused_remote_host_tokens")
+        );
+    }
+    assert!(s.ratio(slow, "evostore", "ptstore", "mean") > 1.6);
+    assert!(s.ratio(slow, "evostore-when-faster", "ptstore-when-faster", "mean") < 1.1);
+    for point in s.points() {
+        if point.starts_with("nic_bandwidth_gbit_per_s=25.0") {
+            continue;
+        }
+        for store in ["evostore", "ptstore"] {
+            let decided = format!("{store}-when-faster");
+            for col in [
+                "ttft_mean_ms",
+                "ttft_p50_ms",
+                "ttft_p99_ms",
+                "prefix_hit_ratio",
+            ] {
+                assert_eq!(
+                    s.get(&point, store, col),
+                    s.get(&point, &decided, col),
+                    "{point} {col}"
+                );
+            }
+        }
+    }
+}

@@ -87,6 +87,13 @@ pub trait BatchBackend: Send {
         members: &mut [Member<'_>],
     ) -> Result<Nanos, BackendError>;
 
+    /// What the iteration `batch` would take under the backend's model, without running it
+    /// (an instance weighing a load against recomputing); `None` for a backend without a
+    /// model (a real one: its time is the wall clock's).
+    fn estimate(&self, _batch: &BatchShape) -> Option<Nanos> {
+        None
+    }
+
     /// Whether it computes real tensors: the instance then lists the members of each
     /// iteration, keeps the sampled tokens and moves real K/V to and from the store.
     fn real(&self) -> bool {
@@ -168,5 +175,9 @@ impl BatchBackend for SimBatchBackend {
         _members: &mut [Member<'_>],
     ) -> Result<Nanos, BackendError> {
         Ok(self.price(batch))
+    }
+
+    fn estimate(&self, batch: &BatchShape) -> Option<Nanos> {
+        Some(self.price(batch))
     }
 }

@@ -259,6 +259,7 @@ pub fn specs(s: &Scenario, policy: &Policy) -> Vec<(u32, ActorSpec, Place)> {
             tensor_tokens: r.tensor_tokens,
             tensor_bytes: r.tensor_tokens as u64 * s.model.kv_bytes_per_token(),
             overlap: r.load_overlap,
+            load: r.load,
             layers: s.model.layers as u32,
             namespace: namespace(r.scope, node, i),
         });

@@ -317,6 +317,39 @@ impl Network {
     /// `node`'s host memory (the read and the onward transfer overlap); `None` when the
     /// cluster has no SSDs there.
     pub fn ssd_read(&mut self, now: Nanos, node: u32, to: Place, bytes: u64) -> Option<Transfer> {
+        let path = self.ssd_read_path(node, to)?;
+        Some(self.start(now, &path, bytes))
+    }
+
+    /// How long moving `bytes` from `from` (its host memory, or its node's SSDs when `ssd`)
+    /// to `to` would take if it started at `now` and kept, all along, the share of its
+    /// bottleneck it would get now (`bandwidth / (flows + 1)`, as a small message is
+    /// charged), plus the path's latency: what a sender that sees the links' load can
+    /// estimate. It starts nothing. `None` for a path the cluster does not have.
+    pub fn estimate(
+        &self,
+        now: Nanos,
+        from: Place,
+        to: Place,
+        ssd: bool,
+        bytes: u64,
+    ) -> Option<Nanos> {
+        if !self.valid(from) || !self.valid(to) {
+            return None;
+        }
+        let path = if ssd {
+            self.ssd_read_path(from.node()?, to)?
+        } else {
+            self.path(from, to)
+        };
+        if path.len == 0 {
+            return Some(path.latency);
+        }
+        Some(self.flows.mouse(now, path.links(), bytes) - now + path.latency)
+    }
+
+    /// The links of an SSD read on `node` streamed to `to` (see [`Network::ssd_read`]).
+    fn ssd_read_path(&self, node: u32, to: Place) -> Option<Path> {
         if !self.spec.memory || node >= self.spec.nodes || !self.valid(to) {
             return None;
         }
@@ -335,7 +368,7 @@ impl Network {
             ssd: 1,
             ..onward.counts
         };
-        Some(self.start(now, &path, bytes))
+        Some(path)
     }
 
     /// Writes `bytes` from `node`'s host memory to its SSDs; `None` when it has none.

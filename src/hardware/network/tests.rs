@@ -430,3 +430,26 @@ fn random_flows(cases: usize, stamp: Option<u32>) {
         }
     }
 }
+
+/// An estimate is what a transfer started now would take at the share it gets now: alone,
+/// exactly its time; beside one flow on the same NIC, twice the transfer time. It starts
+/// nothing.
+#[test]
+fn an_estimate_is_the_transfer_at_the_share_it_would_get_now() {
+    let mut net = Network::new(&cluster(2));
+    let alone = net.estimate(Nanos::ZERO, H0, G10, false, MB).unwrap();
+    assert_eq!(alone, Nanos(1_000_000 + NET + 1_000));
+    assert_eq!(run(&mut net, &[T::Send(0, H0, G10, MB)]), [alone]);
+    let busy = net.transfer(Nanos::ZERO, H0, H1, 100 * MB);
+    assert!(matches!(busy, Transfer::Flow(_)));
+    let shared = net.estimate(Nanos::ZERO, H0, G10, false, MB).unwrap();
+    assert_eq!(shared, Nanos(2_000_000 + NET + 1_000));
+    assert_eq!(net.active_flows(), 1, "an estimate starts nothing");
+    // From the SSD: streamed through host memory, at the drive's 1 GB/s.
+    let ssd = net.estimate(Nanos::ZERO, H0, G10, true, MB).unwrap();
+    assert!(ssd >= Nanos(2_000_000), "{ssd:?}");
+    assert_eq!(
+        net.estimate(Nanos::ZERO, Place::Host { node: 9 }, G10, false, MB),
+        None
+    );
+}

@@ -56,6 +56,29 @@
 //!   iteration's results; the GPU is held (busy) all that time. A load always starts in its
 //!   request's first iteration, so the next iteration never waits.
 //!
+//! **Load or recompute.** Under `load = "always"` (the default) a request loads every tensor
+//! its plan offers. Under `"when-faster"` it decides when the plan arrives how many of the
+//! plan's leading tensors to load, `k`, and recomputes the rest, by the time to its first
+//! token each choice is estimated to take from what the instance knows then: the load `L(k)`
+//! of each group trimmed to the first `k` tensors, as the host would charge it started now
+//! (its posting overheads, and the share of its path's bottleneck a new transfer gets now:
+//! [`Context::estimate`]), the groups side by side; and the prefill `C(k)` of the prompt
+//! from the end of those tensors, in chunks of `max_batched_tokens`, as the backend prices
+//! them alone ([`BatchBackend::estimate`]). The first token comes after `L + C` without
+//! overlap, and after about `max(L, C)` layer by layer; the least wins, ties to the larger
+//! load. Within a run of tensors from one source `L` grows linearly and `C` shrinks
+//! concavely, so `L + C` is least at an end of a run and `max(L, C)` where they cross: the
+//! candidates are no load, the whole plan, the ends of each run and (layer-wise) each run's
+//! crossing, found by bisection. What it does not see: loads and requests that start
+//! between the decision and the admission (the queue), the batch the prefill will share,
+//! and other groups of the same load on a shared link (each is priced alone). A trimmed
+//! group's segments are its segments in proportion, rounded up. Where the host or the
+//! backend cannot estimate (a live run), everything is loaded. Deployed connectors load every
+//! hit they report (vLLM's `OffloadingConnector` and LMCache through vLLM's
+//! `get_num_new_matched_tokens`); Cake (Jin et al., "Compute or Load KV Cache? Why Not
+//! Both?", ICML 2025) splits a prefix between loading and computing by the same reasoning,
+//! adjusting the split as it goes rather than once.
+//!
 //! No deadlock: a parked request waits only for its loads, which always end (or are abandoned
 //! on a store loss, which releases its blocks); once loaded it runs, and a running sequence's
 //! blocks are taken back by preemption whenever a sequence ahead of it needs a block. So the
@@ -94,8 +117,8 @@ use crate::metrics::{InstanceStats, Report};
 use crate::model::cost::BatchShape;
 use crate::serving::kv::prompt_hashes::{ChainHashes, PromptHashes};
 use crate::serving::policy::Policy;
-use crate::serving::store::LoadOverlap;
 use crate::serving::store::directory::{LoadGroup, LoadPlan, Location};
+use crate::serving::store::{LoadChoice, LoadOverlap};
 use crate::units::Nanos;
 use crate::workload::{ReqId, Trace};
 
@@ -120,6 +143,8 @@ pub struct StoreLink {
     pub tensor_bytes: u64,
     /// How loads overlap compute (`store.load_overlap`).
     pub overlap: LoadOverlap,
+    /// Whether a plan is loaded whole, or only where faster than recomputing.
+    pub load: LoadChoice,
     /// The model's layer count: a layer-wise load delivers `1/layers` of its bytes per layer.
     pub layers: u32,
     /// The store's scope as the ids of this instance's tensors carry it: `None` across the

@@ -28,8 +28,16 @@ impl Instance {
             self.enqueue(seq, ctx);
             return;
         }
+        let mut plan = plan;
+        let mut load_end = plan.stored_chunks * st.tensor_tokens;
+        if st.load == LoadChoice::WhenFaster && !plan.groups.is_empty() {
+            let skip = seq.cold.load_start / st.tensor_tokens;
+            let keep = self.tensors_worth_loading(&seq, &plan, skip, &*ctx);
+            trim_plan(&mut plan, &seq.cold.chain, skip, keep, st.tensor_bytes);
+            load_end = (skip + keep) * st.tensor_tokens;
+        }
         if !plan.groups.is_empty() {
-            seq.cold.load_end = plan.stored_chunks * st.tensor_tokens;
+            seq.cold.load_end = load_end;
             seq.cold.replicate = plan.replicate;
             for g in &plan.groups {
                 seq.cold.planned[g.tier as usize] += g.tensors * st.tensor_tokens;
@@ -43,6 +51,115 @@ impl Instance {
             }));
         }
         self.enqueue(seq, ctx);
+    }
+
+    /// Under `load = "when-faster"`: how many of `plan`'s tensors (chain positions `skip`
+    /// on, in order) to load, the rest being recomputed, by the estimated time to the
+    /// request's first token (see the module doc of [`super`], "Load or recompute"). All of
+    /// them where the host or the backend cannot estimate.
+    fn tensors_worth_loading(
+        &self,
+        seq: &Seq,
+        plan: &LoadPlan,
+        skip: u32,
+        ctx: &dyn Context<Msg>,
+    ) -> u32 {
+        let Some(st) = &self.store else {
+            return 0;
+        };
+        let (tt, prompt) = (st.tensor_tokens, seq.prompt_len);
+        // The group that serves each planned position, in chain order.
+        let mut owner = vec![usize::MAX; plan.groups.iter().map(|g| g.tensors as usize).sum()];
+        for (gi, g) in plan.groups.iter().enumerate() {
+            for &k in &g.indices {
+                if let Some(o) = owner.get_mut((k - skip) as usize) {
+                    *o = gi;
+                }
+            }
+        }
+        let n = owner.len() as u32;
+        let budget = self.cfg.max_batched_tokens.max(1);
+        // Prefilling from token `from` to the end of the prompt, in chunks of the budget.
+        let compute = |from: u32| -> Option<Nanos> {
+            let mut t = Nanos::ZERO;
+            let mut c = from.min(prompt.saturating_sub(1));
+            while c < prompt {
+                let k = budget.min(prompt - c);
+                let mut shape = crate::model::cost::BatchShape::default();
+                shape.add(k as u64, c as u64, c + k == prompt);
+                t += self.backend.estimate(&shape)?;
+                c += k;
+            }
+            Some(t)
+        };
+        // The groups' loads, trimmed to the first `k` positions, run side by side.
+        let load = |k: u32| -> Option<Nanos> {
+            let mut longest = Nanos::ZERO;
+            for (gi, g) in plan.groups.iter().enumerate() {
+                let kept = owner[..k as usize].iter().filter(|&&o| o == gi).count() as u32;
+                if kept == 0 {
+                    continue;
+                }
+                let work = Work::Fetch {
+                    from: Place::Host { node: g.node },
+                    medium: match g.location {
+                        Location::Host => Medium::Memory,
+                        Location::Ssd => Medium::Ssd,
+                    },
+                    bytes: kept as u64 * st.tensor_bytes,
+                    segments: trimmed_segments(g, kept),
+                    epoch: g.epoch,
+                };
+                longest = longest.max(ctx.estimate(&work)?);
+            }
+            Some(longest)
+        };
+        let layerwise = st.overlap == LoadOverlap::Layerwise;
+        let first_token = |k: u32| -> Option<(Nanos, Nanos)> {
+            let (l, c) = (load(k)?, compute((skip + k) * tt)?);
+            Some((if layerwise { l.max(c) } else { l + c }, l))
+        };
+        // Candidates: nothing, everything, and every place where the source changes. Within
+        // a run of one source the load grows linearly and the prefill left shrinks concavely,
+        // so their sum is least at an end of the run; their maximum (layer-wise) is least
+        // where they cross, found by bisection.
+        let mut candidates = vec![0, n];
+        let mut start = 0;
+        for i in 1..=n {
+            if i == n || owner[i as usize] != owner[start as usize] {
+                candidates.push(i);
+                if layerwise {
+                    // Bounded: halves [lo, hi] each round.
+                    let (mut lo, mut hi) = (start, i);
+                    while lo < hi {
+                        let mid = lo + (hi - lo) / 2;
+                        match first_token(mid) {
+                            Some((_, l)) if l >= compute((skip + mid) * tt).unwrap_or(l) => {
+                                hi = mid
+                            }
+                            Some(_) => lo = mid + 1,
+                            None => return n,
+                        }
+                    }
+                    candidates.push(lo);
+                    candidates.push(lo.saturating_sub(1).max(start));
+                }
+                start = i;
+            }
+        }
+        candidates.sort_unstable();
+        candidates.dedup();
+        let mut best = (Nanos(u64::MAX), n);
+        for k in candidates {
+            let Some((t, _)) = first_token(k) else {
+                return n;
+            };
+            // Ties load more: the store's answer stands unless recomputing is faster.
+            if t <= best.0 {
+                best = (t, k);
+            }
+        }
+        best.1
     }
 
     /// Starts every group of `seq`'s load at once (at its admission, its blocks allocated).
@@ -355,4 +472,31 @@ impl Instance {
 fn take_loading(loading: &mut Vec<Seq>, req: ReqId) -> Option<Seq> {
     let i = loading.iter().position(|s| s.req == req)?;
     Some(loading.swap_remove(i))
+}
+
+/// A group's segments when only `kept` of its tensors are loaded: in proportion, rounded up
+/// (the plan does not say where in the group its segments start).
+fn trimmed_segments(g: &LoadGroup, kept: u32) -> u32 {
+    if kept >= g.tensors || g.tensors == 0 {
+        return g.segments;
+    }
+    (g.segments as u64 * kept as u64)
+        .div_ceil(g.tensors as u64)
+        .max(1) as u32
+}
+
+/// Keeps the first `keep` tensors of `plan` (chain positions `skip` to `skip + keep`): the
+/// groups shrink or go, and only their tensors are replicated.
+fn trim_plan(plan: &mut LoadPlan, chain: &[u64], skip: u32, keep: u32, tensor_bytes: u64) {
+    let end = skip + keep;
+    for g in &mut plan.groups {
+        let kept = g.indices.iter().filter(|&&k| k < end).count() as u32;
+        g.segments = trimmed_segments(g, kept);
+        g.indices.retain(|&k| k < end);
+        g.tensors = kept;
+        g.bytes = kept as u64 * tensor_bytes;
+    }
+    plan.groups.retain(|g| g.tensors > 0);
+    let kept = &chain[(skip as usize).min(chain.len())..(end as usize).min(chain.len())];
+    plan.replicate.retain(|id| kept.contains(id));
 }

@@ -29,6 +29,7 @@ pub fn policy(cfg: &StoreConfig) -> Policy {
             replicate_after_reads: None,
             consolidate: false,
             load_overlap: cfg.load_overlap,
+            load: cfg.load,
         }),
     }
 }

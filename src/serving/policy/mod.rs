@@ -28,7 +28,7 @@ pub use vanilla::policy as vanilla;
 
 use crate::metrics::Tier;
 use crate::serving::store::admission::Admission;
-use crate::serving::store::{LoadOverlap, StoreConfig, TierEviction};
+use crate::serving::store::{LoadChoice, LoadOverlap, StoreConfig, TierEviction};
 
 /// Where store policies look, in order: the GPU cache first, then the store's tiers.
 const STORE_TIERS: &[Tier] = &[
@@ -69,6 +69,8 @@ pub struct StoreRules {
     pub replicate_after_reads: Option<u32>,
     pub consolidate: bool,
     pub load_overlap: LoadOverlap,
+    /// Load every stored tensor found, or only what is faster to load than to recompute.
+    pub load: LoadChoice,
 }
 
 /// A prefix-reuse policy: a composition, as it crosses processes too.
@@ -159,6 +161,7 @@ impl Policy {
                 replicate_after_reads: None,
                 consolidate: false,
                 load_overlap,
+                load: LoadChoice::Always,
             }),
         }
     }
@@ -232,6 +235,7 @@ mod tests {
             fetch_segment_overhead: Nanos::ZERO,
             gpu_prefix_cache: true,
             load_overlap: Default::default(),
+            load: Default::default(),
             read_lease: Nanos::ZERO,
             evostore: EvoStoreConfig {
                 eviction: Eviction::Lru,

@@ -17,7 +17,7 @@ use crate::scenario::{Check, MAX_TOKENS, ScenarioError, is_file_name, non_negati
 use crate::serving::policy::{PRESETS, Policy, Scope, Setting, preset};
 use crate::serving::store::admission::Admission;
 use crate::serving::store::eviction::Eviction;
-use crate::serving::store::{LoadOverlap, StoreConfig, TierEviction};
+use crate::serving::store::{LoadChoice, LoadOverlap, StoreConfig, TierEviction};
 use crate::units::{GB, GIB};
 
 /// Longest policy name: it names rows, plots and files of the results.
@@ -72,6 +72,8 @@ pub struct RawPolicy {
     pub consolidate: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub load_overlap: Option<LoadOverlap>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub load: Option<LoadChoice>,
 }
 
 /// What a composition is checked against.
@@ -263,6 +265,9 @@ fn apply(
     if let Some(v) = r.load_overlap {
         s.load_overlap = v;
     }
+    if let Some(v) = r.load {
+        s.load = v;
+    }
     Ok(())
 }
 
@@ -282,6 +287,7 @@ fn refuse_store_keys(c: &Check, name: &str, r: &RawPolicy) -> Result<(), Scenari
         ("replica_fraction", r.replica_fraction.is_some()),
         ("consolidate", r.consolidate.is_some()),
         ("load_overlap", r.load_overlap.is_some()),
+        ("load", r.load.is_some()),
     ];
     match given.iter().find(|(_, g)| *g) {
         Some((k, _)) => Err(c.err(
@@ -395,6 +401,7 @@ pub fn table(p: &Policy) -> String {
         r.replica_fraction = Some(s.replica_fraction);
         r.consolidate = Some(s.consolidate);
         r.load_overlap = Some(s.load_overlap);
+        r.load = Some(s.load);
     }
     #[derive(Serialize)]
     struct Outer<'a> {

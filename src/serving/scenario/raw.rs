@@ -6,8 +6,8 @@ use serde::Deserialize;
 pub use crate::scenario::hardware::RawHardware;
 
 use crate::serving::router::RouterStrategy;
-use crate::serving::store::LoadOverlap;
 use crate::serving::store::eviction::Eviction;
+use crate::serving::store::{LoadChoice, LoadOverlap};
 
 fn default_seed() -> u64 {
     1
@@ -68,6 +68,8 @@ pub struct RawStore {
     pub gpu_prefix_cache: bool,
     /// `"none"` or `"layerwise"` (see [`LoadOverlap`]).
     pub load_overlap: LoadOverlap,
+    /// `"always"` or `"when-faster"` (see [`LoadChoice`]).
+    pub load: LoadChoice,
     /// How long a lookup holds what it plans to load (see `Directory::set_lease`).
     pub read_lease_ms: f64,
     pub evostore: RawEvoStore,
@@ -85,6 +87,7 @@ impl Default for RawStore {
             fetch_segment_overhead_us: 2.0,
             gpu_prefix_cache: true,
             load_overlap: LoadOverlap::None,
+            load: LoadChoice::Always,
             read_lease_ms: 5000.0,
             evostore: RawEvoStore::default(),
             ptstore: RawPtStore::default(),

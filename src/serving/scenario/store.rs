@@ -85,6 +85,7 @@ pub(super) fn validate_store(
         )?,
         gpu_prefix_cache: s.gpu_prefix_cache,
         load_overlap: s.load_overlap,
+        load: s.load,
         read_lease: Nanos::from_secs_f64(lease / 1e3),
         evostore: EvoStoreConfig {
             eviction: s.evostore.eviction,

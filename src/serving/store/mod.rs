@@ -71,6 +71,8 @@ pub struct StoreConfig {
     /// Whether store policies also keep the GPU-local prefix cache.
     pub gpu_prefix_cache: bool,
     pub load_overlap: LoadOverlap,
+    /// Whether loads are always made, or only where faster than recomputing.
+    pub load: LoadChoice,
     /// How long a lookup holds the tensors it plans to load against eviction.
     pub read_lease: Nanos,
     pub evostore: EvoStoreConfig,
@@ -88,6 +90,19 @@ pub enum LoadOverlap {
     /// Layer by layer (LMCache's and Mooncake's layer-wise loading): layer i's KV arrives
     /// while earlier layers compute, so an iteration waits only for what it has not yet got.
     Layerwise,
+}
+
+/// Whether a request loads the stored prefix it was offered (`store.load`, `policy.NAME.load`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LoadChoice {
+    /// Every stored tensor the lookup found is loaded (the paper's stores, and the deployed
+    /// connectors: vLLM's `OffloadingConnector`, LMCache, Mooncake's store, SGLang's HiCache).
+    #[default]
+    Always,
+    /// Only the leading part of it whose load is estimated faster than recomputing it; the
+    /// rest is recomputed (see `serving::instance`, "Load or recompute").
+    WhenFaster,
 }
 
 #[derive(Clone, Debug, PartialEq)]

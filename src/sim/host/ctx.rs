@@ -171,6 +171,26 @@ impl<M> Context<M> for SimCtx<'_, M> {
     fn rng(&mut self) -> &mut Stream {
         self.rng
     }
+    fn estimate(&self, work: &Work) -> Option<Nanos> {
+        let Work::Fetch {
+            from,
+            medium,
+            bytes,
+            segments,
+            ..
+        } = *work
+        else {
+            return None;
+        };
+        let overhead =
+            self.fetch_overhead.request + Nanos(self.fetch_overhead.segment.0 * segments as u64);
+        let ssd = medium == Medium::Ssd;
+        let t = self
+            .net
+            .network
+            .estimate(self.kernel.now(), from, self.here, ssd, bytes)?;
+        Some(t + overhead)
+    }
 }
 
 impl<M> SimCtx<'_, M> {

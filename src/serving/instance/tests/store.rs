@@ -34,6 +34,7 @@ fn store_instance_with(
         fetch_segment_overhead: Nanos::ZERO,
         gpu_prefix_cache,
         load_overlap: overlap,
+        load: Default::default(),
         read_lease: Nanos::ZERO,
         evostore: EvoStoreConfig {
             eviction: Eviction::Lru,
@@ -67,6 +68,7 @@ fn store_instance_with(
         tensor_tokens: 32,
         tensor_bytes: 1,
         overlap,
+        load: Default::default(),
         layers: 32,
         namespace: None,
     };
