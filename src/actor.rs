@@ -23,7 +23,7 @@
 
 use std::fmt::Debug;
 
-use crate::hardware::Place;
+use crate::hardware::{Place, RemoteKvPath};
 use crate::metrics::Report;
 use crate::rng::Stream;
 use crate::units::Nanos;
@@ -55,6 +55,8 @@ pub enum Work {
         /// heard of: a read of memory lost since then reads tensors that are gone, and fails
         /// (see [`Context::start_fetch`]).
         epoch: u32,
+        /// How a read of another node's host memory reaches a GPU.
+        staging: RemoteKvPath,
     },
     /// Writing `bytes` from this actor's node's host memory to its SSDs (or reading them into
     /// host memory).

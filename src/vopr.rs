@@ -10,7 +10,8 @@
 //! generated SQuAD- or WikiQA-style workload of 10 to 120 requests. Beside the paper's four
 //! presets, every seed runs a random composition (`[policy.mix]`: a random preset as base,
 //! its tiers, scope, chunk, capacities, eviction per tier (all five orders), admission,
-//! replication and load-or-recompute (`load`) drawn, always one that can work). Every scenario is a valid
+//! replication, load-or-recompute (`load`) and the remote data path drawn, always one that
+//! can work). Every scenario is a valid
 //! scenario file: `meshsim vopr --seed S --print` writes it, and `meshsim run` runs it like
 //! any other.
 //!
@@ -228,8 +229,8 @@ fn tensor_mib_per_token_block(block: u64) -> f64 {
 
 /// `[policy.mix]`: a random composition that can work, from a random preset: GPU cache or
 /// not, no tier, host memory, or host memory and SSD (4 to 40 chunks of host memory, 0 to 40
-/// on SSD), any scope, any chunk, eviction per tier, replication only across the cluster, and
-/// either load choice.
+/// on SSD), any scope, any chunk, eviction per tier, replication only across the cluster,
+/// either load choice and any remote data path.
 fn composition_text(pick: &mut dyn FnMut(u64) -> u64, block: u64, block_mib: f64) -> String {
     let presets = crate::serving::policy::PRESETS;
     let base = presets[pick(presets.len() as u64) as usize];
@@ -280,8 +281,10 @@ fn composition_text(pick: &mut dyn FnMut(u64) -> u64, block: u64, block_mib: f64
     };
     let _ = writeln!(
         t,
-        "replicate_after_reads = {after}\nreplica_fraction = {fraction}\nload = \"{}\"",
-        ["always", "when-faster"][pick(2) as usize]
+        "replicate_after_reads = {after}\nreplica_fraction = {fraction}\nload = \"{}\"\n\
+         remote_kv_path = \"{}\"",
+        ["always", "when-faster"][pick(2) as usize],
+        ["gpudirect", "host-staged", "host-pipelined"][pick(3) as usize]
     );
     t
 }

@@ -132,3 +132,40 @@ fn layer_by_layer_the_slow_nic_loads_a_first_part_and_recomputes_the_rest() {
     assert!(0 < loaded && loaded < 8192, "{loaded} tokens loaded");
     assert!(faster < always.min(recompute));
 }
+
+/// The remote data path (`hardware.network.remote_kv_path`): the second request loads 1 GiB
+/// from node 0's host memory. GPUDirect crosses the owner's DRAM, one NIC each side and the
+/// reader's PCIe as one transfer, at the slowest link's rate (PCIe: 25 GB/s x 0.8); staged hop
+/// after hop it first crosses the NICs into the reader's DRAM (one 200 Gb/s NIC x 0.9 =
+/// 22.5 GB/s) and then the same PCIe, so it takes longer by exactly the first hop; pipelined,
+/// the reader's DRAM (204.8 GB/s x 0.75, crossed twice) never binds, and it costs what
+/// GPUDirect costs.
+#[test]
+fn a_remote_load_staged_hop_after_hop_pays_the_nic_then_the_pcie() {
+    let s = scenario(2, 200.0);
+    let with_path = |path: &str| {
+        let mut p = evostore(&s, LoadChoice::Always);
+        p.store.as_mut().unwrap().remote_kv_path = Some(serde_json::from_str(path).unwrap());
+        second(&s, &p)
+    };
+    let (direct, loaded) = with_path("\"gpudirect\"");
+    let (staged, _) = with_path("\"host-staged\"");
+    let (pipelined, _) = with_path("\"host-pipelined\"");
+    eprintln!(
+        "1 GiB remote: gpudirect {direct:.2} ms, host-staged {staged:.2} ms, host-pipelined {pipelined:.2} ms"
+    );
+    assert_eq!(loaded, 8192);
+    let bytes = 8192.0 * s.model.kv_bytes_per_token() as f64;
+    let nic = &s.hardware.network.nic;
+    let first_hop_ms = bytes / (nic.bandwidth * nic.efficiency) * 1e3;
+    let hop_latency_ms = s.hardware.inter_node_latency().as_secs_f64() * 1e3;
+    let extra = staged - direct;
+    assert!(
+        (extra - first_hop_ms - hop_latency_ms).abs() < 0.01 * first_hop_ms,
+        "staged costs {extra:.2} ms more; the first hop alone takes {first_hop_ms:.2} ms"
+    );
+    assert!(
+        (pipelined - direct).abs() < 0.01,
+        "{pipelined} against {direct}"
+    );
+}

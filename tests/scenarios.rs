@@ -36,7 +36,8 @@ fn every_bundled_scenario_validates() {
             continue;
         }
         // The paper's four, or the deployed systems beside vanilla (live_small_presets), or
-        // one store's eviction orders and admissions (study_eviction).
+        // one store's eviction orders and admissions (study_eviction), or the paper's four
+        // and its two stores deciding to load or recompute (study_network).
         let want: &[&str] = if stem == "live_small_presets" {
             &[
                 "vanilla",
@@ -54,6 +55,15 @@ fn every_bundled_scenario_validates() {
                 "arc",
                 "lru-second-hit",
                 "lru-tinylfu",
+            ]
+        } else if stem == "study_network" {
+            &[
+                "vanilla",
+                "local-prefix",
+                "evostore",
+                "ptstore",
+                "evostore-when-faster",
+                "ptstore-when-faster",
             ]
         } else {
             &["vanilla", "local-prefix", "evostore", "ptstore"]

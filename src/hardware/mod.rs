@@ -122,6 +122,27 @@ pub struct NetworkSpec {
     pub nic: LinkSpec,
     pub switch_latency: Nanos,
     pub switch_hops: u32,
+    /// How a load from another node's host memory reaches a GPU, unless a policy says
+    /// otherwise (`hardware.network.remote_kv_path`).
+    pub remote_kv_path: RemoteKvPath,
+}
+
+/// How a load from another node's host memory (or SSDs) reaches a GPU
+/// (`hardware.network.remote_kv_path`, and a store policy's `remote_kv_path`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RemoteKvPath {
+    /// GPUDirect RDMA: the owner's DRAM, both NICs, the reader's PCIe, as one transfer.
+    #[default]
+    Gpudirect,
+    /// Staged through the reader's host memory hop after hop: the owner's DRAM and both NICs
+    /// into the reader's DRAM, and once that has arrived, the reader's DRAM and PCIe into the
+    /// GPU (a connector that receives a chunk into a host buffer, then copies it in).
+    HostStaged,
+    /// Staged through the reader's host memory and pipelined (chunk by chunk, so the two
+    /// hops overlap): one transfer over the owner's DRAM, both NICs, the reader's DRAM
+    /// twice (written, then read) and its PCIe.
+    HostPipelined,
 }
 
 /// A whole cluster.

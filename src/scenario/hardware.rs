@@ -4,7 +4,9 @@
 use serde::Deserialize;
 
 use super::{Check, ScenarioError};
-use crate::hardware::{GpuSpec, HardwareSpec, HostSpec, LinkSpec, NetworkSpec, SsdSpec, defaults};
+use crate::hardware::{
+    GpuSpec, HardwareSpec, HostSpec, LinkSpec, NetworkSpec, RemoteKvPath, SsdSpec, defaults,
+};
 use crate::units::{GB, GIB, Nanos};
 
 /// Largest cluster.
@@ -73,6 +75,9 @@ pub struct RawNetwork {
     pub switch_hops: u32,
     /// Default [`defaults::NIC_EFFICIENCY`].
     pub nic_efficiency: Option<f64>,
+    /// Default `"gpudirect"` (see [`crate::hardware::RemoteKvPath`]).
+    #[serde(default)]
+    pub remote_kv_path: RemoteKvPath,
 }
 
 /// A validated GPU from its raw table at `key`.
@@ -167,6 +172,7 @@ pub(crate) fn hardware(c: &Check, h: &RawHardware) -> Result<HardwareSpec, Scena
                 format!("expected at most 64, found {}", h.network.switch_hops),
             ));
         },
+        remote_kv_path: h.network.remote_kv_path,
     };
     Ok(HardwareSpec {
         nodes: h.nodes,

@@ -260,6 +260,9 @@ pub fn specs(s: &Scenario, policy: &Policy) -> Vec<(u32, ActorSpec, Place)> {
             tensor_bytes: r.tensor_tokens as u64 * s.model.kv_bytes_per_token(),
             overlap: r.load_overlap,
             load: r.load,
+            staging: r
+                .remote_kv_path
+                .unwrap_or(s.hardware.network.remote_kv_path),
             layers: s.model.layers as u32,
             namespace: namespace(r.scope, node, i),
         });

@@ -16,7 +16,9 @@
 //! | host memory → own GPU (local load) | DRAM, PCIe↓ |
 //! | GPU → own host memory (store write, replica copy) | PCIe↑, DRAM |
 //! | GPU → GPU of the same node | NVLink out, NVLink in |
-//! | host memory → GPU of another node (remote load, GPUDirect RDMA) | DRAM, NIC tx, NIC rx, PCIe↓ |
+//! | host memory → GPU of another node (remote load, `remote_kv_path = "gpudirect"`: GPUDirect RDMA) | DRAM, NIC tx, NIC rx, PCIe↓ |
+//! | the same, `"host-staged"` (hop after hop) | DRAM, NIC tx, NIC rx, reader's DRAM; once arrived, reader's DRAM, PCIe↓ |
+//! | the same, `"host-pipelined"` (chunk by chunk) | DRAM, NIC tx, NIC rx, reader's DRAM twice (written, read), PCIe↓ |
 //! | GPU → another node's host memory | PCIe↑, NIC tx, NIC rx, DRAM |
 //! | host → host, frontend ↔ node | DRAM (at a node's end), NIC tx, NIC rx, DRAM |
 //! | SSD → a place (streamed through a bounce buffer in host memory) | SSD read, DRAM, then the path from host memory to that place (DRAM again) |
@@ -51,9 +53,9 @@
 
 mod flows;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
-use super::{HardwareSpec, LinkSpec, Place};
+use super::{HardwareSpec, LinkSpec, Place, RemoteKvPath};
 use crate::units::Nanos;
 use flows::Flows;
 pub use flows::{FlowId, Reschedule};
@@ -317,7 +319,7 @@ impl Network {
     /// `node`'s host memory (the read and the onward transfer overlap); `None` when the
     /// cluster has no SSDs there.
     pub fn ssd_read(&mut self, now: Nanos, node: u32, to: Place, bytes: u64) -> Option<Transfer> {
-        let path = self.ssd_read_path(node, to)?;
+        let (path, _) = self.ssd_read_path(node, to, RemoteKvPath::Gpudirect)?;
         Some(self.start(now, &path, bytes))
     }
 
@@ -333,27 +335,93 @@ impl Network {
         to: Place,
         ssd: bool,
         bytes: u64,
+        staging: RemoteKvPath,
     ) -> Option<Nanos> {
         if !self.valid(from) || !self.valid(to) {
             return None;
         }
-        let path = if ssd {
-            self.ssd_read_path(from.node()?, to)?
+        let (path, stage) = if ssd {
+            self.ssd_read_path(from.node()?, to, staging)?
         } else {
-            self.path(from, to)
+            self.load_legs(from, to, staging)
         };
-        if path.len == 0 {
-            return Some(path.latency);
-        }
-        Some(self.flows.mouse(now, path.links(), bytes) - now + path.latency)
+        let leg = |path: &Path| {
+            if path.len == 0 {
+                path.latency
+            } else {
+                self.flows.mouse(now, path.links(), bytes) - now + path.latency
+            }
+        };
+        let second = stage.map_or(Nanos::ZERO, |s| leg(&self.path(s, to)));
+        Some(leg(&path) + second)
     }
 
-    /// The links of an SSD read on `node` streamed to `to` (see [`Network::ssd_read`]).
-    fn ssd_read_path(&self, node: u32, to: Place) -> Option<Path> {
+    /// A load from `from` (host memory) into `to` along `staging`: the path of its first leg,
+    /// and where a second leg starts when the load is staged hop after hop (the reader's host
+    /// memory, from which it then crosses the reader's DRAM and PCIe). Only a load from
+    /// another node's host memory into a GPU is staged.
+    fn load_legs(&self, from: Place, to: Place, staging: RemoteKvPath) -> (Path, Option<Place>) {
+        let stage = match (from, to) {
+            (Place::Host { node: a }, Place::Gpu { node: b, .. }) if a != b && self.spec.memory => {
+                Place::Host { node: b }
+            }
+            _ => return (self.path(from, to), None),
+        };
+        match staging {
+            RemoteKvPath::Gpudirect => (self.path(from, to), None),
+            RemoteKvPath::HostStaged => (self.path(from, stage), Some(stage)),
+            RemoteKvPath::HostPipelined => {
+                let (mut path, onward) = (self.path(from, stage), self.path(stage, to));
+                for &l in onward.links() {
+                    path.push(l as usize);
+                }
+                path.latency += onward.latency;
+                path.counts.pcie = onward.counts.pcie;
+                (path, None)
+            }
+        }
+    }
+
+    /// Starts a load of `bytes` from `from`'s host memory (or its node's SSDs when `ssd`) into
+    /// `to` along `staging`: the first leg's transfer, and where the second leg starts when
+    /// the load is staged hop after hop (see [`RemoteKvPath`]; the caller starts it, from
+    /// there to `to`, when the first arrives). `None` for SSDs the cluster does not have.
+    pub fn load(
+        &mut self,
+        now: Nanos,
+        from: Place,
+        ssd: bool,
+        to: Place,
+        bytes: u64,
+        staging: RemoteKvPath,
+    ) -> Option<(Transfer, Option<Place>)> {
+        if !self.valid(from) || !self.valid(to) {
+            debug_assert!(
+                false,
+                "load between {from:?} and {to:?} outside the cluster"
+            );
+            return Some((Transfer::At(now), None));
+        }
+        let (path, stage) = if ssd {
+            self.ssd_read_path(from.node()?, to, staging)?
+        } else {
+            self.load_legs(from, to, staging)
+        };
+        Some((self.start(now, &path, bytes), stage))
+    }
+
+    /// The links of an SSD read on `node` streamed to `to` (see [`Network::ssd_read`]), its
+    /// onward part along `staging`, and where a staged load's second leg starts.
+    fn ssd_read_path(
+        &self,
+        node: u32,
+        to: Place,
+        staging: RemoteKvPath,
+    ) -> Option<(Path, Option<Place>)> {
         if !self.spec.memory || node >= self.spec.nodes || !self.valid(to) {
             return None;
         }
-        let onward = self.path(Place::Host { node }, to);
+        let (onward, stage) = self.load_legs(Place::Host { node }, to, staging);
         let mut path = Path::new();
         path.push(self.ssd_link(node, false));
         if onward.len == 0 {
@@ -368,7 +436,7 @@ impl Network {
             ssd: 1,
             ..onward.counts
         };
-        Some(path)
+        Some((path, stage))
     }
 
     /// Writes `bytes` from `node`'s host memory to its SSDs; `None` when it has none.

@@ -51,6 +51,7 @@ pub(crate) fn cluster(nodes: u32) -> HardwareSpec {
             },
             switch_latency: Nanos(100),
             switch_hops: 3,
+            remote_kv_path: RemoteKvPath::Gpudirect,
         },
     }
 }
@@ -437,19 +438,36 @@ fn random_flows(cases: usize, stamp: Option<u32>) {
 #[test]
 fn an_estimate_is_the_transfer_at_the_share_it_would_get_now() {
     let mut net = Network::new(&cluster(2));
-    let alone = net.estimate(Nanos::ZERO, H0, G10, false, MB).unwrap();
+    let alone = net
+        .estimate(Nanos::ZERO, H0, G10, false, MB, RemoteKvPath::Gpudirect)
+        .unwrap();
     assert_eq!(alone, Nanos(1_000_000 + NET + 1_000));
     assert_eq!(run(&mut net, &[T::Send(0, H0, G10, MB)]), [alone]);
     let busy = net.transfer(Nanos::ZERO, H0, H1, 100 * MB);
     assert!(matches!(busy, Transfer::Flow(_)));
-    let shared = net.estimate(Nanos::ZERO, H0, G10, false, MB).unwrap();
+    let shared = net
+        .estimate(Nanos::ZERO, H0, G10, false, MB, RemoteKvPath::Gpudirect)
+        .unwrap();
     assert_eq!(shared, Nanos(2_000_000 + NET + 1_000));
     assert_eq!(net.active_flows(), 1, "an estimate starts nothing");
+    // Staged hop after hop: beside the flow on node 0's NIC the first leg gets half of it
+    // (2 ms), then the second crosses node 1's DRAM and PCIe alone (0.1 ms).
+    let staged = net.estimate(Nanos::ZERO, H0, G10, false, MB, RemoteKvPath::HostStaged);
+    assert_eq!(staged, Some(Nanos(2_000_000 + NET + 100_000 + 1_000)));
     // From the SSD: streamed through host memory, at the drive's 1 GB/s.
-    let ssd = net.estimate(Nanos::ZERO, H0, G10, true, MB).unwrap();
+    let ssd = net
+        .estimate(Nanos::ZERO, H0, G10, true, MB, RemoteKvPath::Gpudirect)
+        .unwrap();
     assert!(ssd >= Nanos(2_000_000), "{ssd:?}");
     assert_eq!(
-        net.estimate(Nanos::ZERO, Place::Host { node: 9 }, G10, false, MB),
+        net.estimate(
+            Nanos::ZERO,
+            Place::Host { node: 9 },
+            G10,
+            false,
+            MB,
+            RemoteKvPath::Gpudirect
+        ),
         None
     );
 }

@@ -1,3 +1,4 @@
+use super::listing::{list_folder, replaceable_dir_listed};
 use super::*;
 
 fn marked(dir: &Path, files: &[(&str, &str)]) {

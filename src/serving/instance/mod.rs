@@ -145,6 +145,8 @@ pub struct StoreLink {
     pub overlap: LoadOverlap,
     /// Whether a plan is loaded whole, or only where faster than recomputing.
     pub load: LoadChoice,
+    /// How a load from another node's host memory reaches the GPU.
+    pub staging: crate::hardware::RemoteKvPath,
     /// The model's layer count: a layer-wise load delivers `1/layers` of its bytes per layer.
     pub layers: u32,
     /// The store's scope as the ids of this instance's tensors carry it: `None` across the

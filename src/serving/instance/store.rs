@@ -109,6 +109,7 @@ impl Instance {
                     bytes: kept as u64 * st.tensor_bytes,
                     segments: trimmed_segments(g, kept),
                     epoch: g.epoch,
+                    staging: st.staging,
                 };
                 longest = longest.max(ctx.estimate(&work)?);
             }
@@ -209,6 +210,10 @@ impl Instance {
                 bytes: g.bytes,
                 segments: g.segments,
                 epoch: g.epoch,
+                staging: self
+                    .store
+                    .as_ref()
+                    .map_or(Default::default(), |st| st.staging),
             };
             if failed {
                 ctx.start(work, Msg::LoadFailed(seq.req));

@@ -30,6 +30,7 @@ pub fn policy(cfg: &StoreConfig) -> Policy {
             consolidate: false,
             load_overlap: cfg.load_overlap,
             load: cfg.load,
+            remote_kv_path: None,
         }),
     }
 }

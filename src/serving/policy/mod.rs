@@ -26,6 +26,7 @@ mod vllm_offload;
 pub use local_prefix::policy as local_prefix;
 pub use vanilla::policy as vanilla;
 
+use crate::hardware::RemoteKvPath;
 use crate::metrics::Tier;
 use crate::serving::store::admission::Admission;
 use crate::serving::store::{LoadChoice, LoadOverlap, StoreConfig, TierEviction};
@@ -71,6 +72,9 @@ pub struct StoreRules {
     pub load_overlap: LoadOverlap,
     /// Load every stored tensor found, or only what is faster to load than to recompute.
     pub load: LoadChoice,
+    /// How a load from another node's host memory reaches a GPU; `None`: the hardware's
+    /// (`hardware.network.remote_kv_path`).
+    pub remote_kv_path: Option<RemoteKvPath>,
 }
 
 /// A prefix-reuse policy: a composition, as it crosses processes too.
@@ -162,6 +166,7 @@ impl Policy {
                 consolidate: false,
                 load_overlap,
                 load: LoadChoice::Always,
+                remote_kv_path: None,
             }),
         }
     }

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::hardware::HardwareSpec;
+use crate::hardware::{HardwareSpec, RemoteKvPath};
 use crate::model::ModelConfig;
 use crate::scenario::{Check, MAX_TOKENS, ScenarioError, is_file_name, non_negative};
 use crate::serving::policy::{PRESETS, Policy, Scope, Setting, preset};
@@ -74,6 +74,8 @@ pub struct RawPolicy {
     pub load_overlap: Option<LoadOverlap>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub load: Option<LoadChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote_kv_path: Option<RemoteKvPath>,
 }
 
 /// What a composition is checked against.
@@ -268,6 +270,9 @@ fn apply(
     if let Some(v) = r.load {
         s.load = v;
     }
+    if let Some(v) = r.remote_kv_path {
+        s.remote_kv_path = Some(v);
+    }
     Ok(())
 }
 
@@ -288,6 +293,7 @@ fn refuse_store_keys(c: &Check, name: &str, r: &RawPolicy) -> Result<(), Scenari
         ("consolidate", r.consolidate.is_some()),
         ("load_overlap", r.load_overlap.is_some()),
         ("load", r.load.is_some()),
+        ("remote_kv_path", r.remote_kv_path.is_some()),
     ];
     match given.iter().find(|(_, g)| *g) {
         Some((k, _)) => Err(c.err(
@@ -402,6 +408,7 @@ pub fn table(p: &Policy) -> String {
         r.consolidate = Some(s.consolidate);
         r.load_overlap = Some(s.load_overlap);
         r.load = Some(s.load);
+        r.remote_kv_path = s.remote_kv_path;
     }
     #[derive(Serialize)]
     struct Outer<'a> {

@@ -44,6 +44,19 @@ impl<M> Net<'_, M> {
                 kernel.schedule(at, to, Event::Msg(msg));
             }
             After::Send(p) => self.send_at(kernel, at, p),
+            After::Onward {
+                from,
+                to,
+                bytes,
+                extra,
+                then,
+            } => {
+                // The first leg's flow ended now; its latency (`at - now`) is added to the
+                // second leg's arrival rather than delaying its start.
+                let now = kernel.now();
+                let t = self.network.transfer(now, from, to, bytes);
+                self.on(kernel, t, *then, extra + (at - now));
+            }
             After::Nothing => {}
         }
     }
@@ -177,6 +190,7 @@ impl<M> Context<M> for SimCtx<'_, M> {
             medium,
             bytes,
             segments,
+            staging,
             ..
         } = *work
         else {
@@ -185,10 +199,10 @@ impl<M> Context<M> for SimCtx<'_, M> {
         let overhead =
             self.fetch_overhead.request + Nanos(self.fetch_overhead.segment.0 * segments as u64);
         let ssd = medium == Medium::Ssd;
-        let t = self
-            .net
-            .network
-            .estimate(self.kernel.now(), from, self.here, ssd, bytes)?;
+        let t =
+            self.net
+                .network
+                .estimate(self.kernel.now(), from, self.here, ssd, bytes, staging)?;
         Some(t + overhead)
     }
 }
@@ -204,16 +218,29 @@ impl<M> SimCtx<'_, M> {
                 medium,
                 bytes,
                 segments,
+                staging,
                 ..
             } => {
                 let overhead = self.fetch_overhead.request
                     + Nanos(self.fetch_overhead.segment.0 * segments as u64);
-                let t = match (medium, from.node()) {
-                    (Medium::Memory, _) => Some(self.net.network.transfer(now, from, here, bytes)),
-                    (Medium::Ssd, Some(node)) => self.net.network.ssd_read(now, node, here, bytes),
-                    (Medium::Ssd, None) => None,
-                };
-                (t, overhead)
+                let ssd = medium == Medium::Ssd;
+                match self.net.network.load(now, from, ssd, here, bytes, staging) {
+                    // Staged hop after hop: the second leg starts when the first arrives, and
+                    // the overheads count once, at the end.
+                    Some((t, Some(stage))) => {
+                        let onward = After::Onward {
+                            from: stage,
+                            to: here,
+                            bytes,
+                            extra: overhead,
+                            then: Box::new(after),
+                        };
+                        self.net.on(self.kernel, t, onward, Nanos::ZERO);
+                        return;
+                    }
+                    Some((t, None)) => (Some(t), overhead),
+                    None => (None, overhead),
+                }
             }
             Work::Ssd { write, bytes } => {
                 let t = here.node().and_then(|node| {

@@ -74,6 +74,16 @@ enum After<M> {
         started: Nanos,
     },
     Send(Pending<M>),
+    /// The first leg of a load staged hop after hop has arrived at `from` (the reader's host
+    /// memory): the second leg moves `bytes` on to `to`, and `then` happens `extra` after it
+    /// arrives.
+    Onward {
+        from: Place,
+        to: Place,
+        bytes: u64,
+        extra: Nanos,
+        then: Box<After<M>>,
+    },
     Nothing,
 }
 

@@ -76,6 +76,8 @@ struct Reader {
     got: std::sync::Arc<std::sync::Mutex<Vec<(bool, Nanos)>>>,
     start_at: Nanos,
     epoch: u32,
+    bytes: u64,
+    staging: crate::hardware::RemoteKvPath,
 }
 
 impl Actor<Option<bool>> for Reader {
@@ -88,9 +90,10 @@ impl Actor<Option<bool>> for Reader {
                 let work = Work::Fetch {
                     from: Place::Host { node: 1 },
                     medium: Medium::Memory,
-                    bytes: 1_000_000,
+                    bytes: self.bytes,
                     segments: 1,
                     epoch: self.epoch,
+                    staging: self.staging,
                 };
                 ctx.start_fetch(work, Some(true), Some(false));
             }
@@ -116,6 +119,8 @@ fn read_knowing(start_at: Nanos, loss: Option<(Nanos, bool)>, epoch: u32) -> (bo
             got: got.clone(),
             start_at,
             epoch,
+            bytes: 1_000_000,
+            staging: Default::default(),
         }),
         Place::Host { node: 0 },
     );
@@ -167,6 +172,8 @@ fn a_read_fails_when_its_source_loses_the_memory_before_its_last_byte() {
             got: got.clone(),
             start_at: Nanos::ZERO,
             epoch: 0,
+            bytes: 1_000_000,
+            staging: Default::default(),
         }),
         Place::Host { node: 0 },
     );
@@ -177,4 +184,50 @@ fn a_read_fails_when_its_source_loses_the_memory_before_its_last_byte() {
     });
     h.run().unwrap();
     assert!(got.lock().unwrap()[0].0);
+}
+
+/// A 1 GB load from node 1's host memory into a GPU of node 0, on a cluster whose NIC gives
+/// 1 GB/s, PCIe 10 GB/s and DRAM 100 GB/s (`cluster(2)` of the network's tests), with no
+/// posting overheads: GPUDirect crosses DRAM, the NICs and PCIe at the NIC's 1 GB/s (1 s);
+/// staged hop after hop it first reaches node 0's DRAM at the NIC's rate (1 s), then crosses
+/// DRAM and PCIe at PCIe's 10 GB/s (0.1 s more); pipelined it crosses node 0's DRAM twice in
+/// one transfer (50 GB/s each way, still above the NIC), so the NIC decides (1 s). Latency:
+/// the NICs and switches (2.3 us), PCIe (1 us).
+#[test]
+fn a_remote_load_costs_its_slowest_link_on_each_path() {
+    use crate::hardware::RemoteKvPath;
+    let gb = 1_000_000_000;
+    let at = |staging| {
+        let spec = crate::hardware::network::tests::cluster(2);
+        let mut h: SimHost<Option<bool>> = SimHost::new(Network::new(&spec), Limits::default(), 1);
+        let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        h.add(
+            Box::new(Reader {
+                got: got.clone(),
+                start_at: Nanos::ZERO,
+                epoch: 0,
+                bytes: gb,
+                staging,
+            }),
+            Place::Gpu { node: 0, gpu: 0 },
+        );
+        h.run().unwrap();
+        let v = got.lock().unwrap().clone();
+        assert_eq!(v.len(), 1);
+        assert!(v[0].0);
+        v[0].1
+    };
+    let (net, pcie) = (2_300, 1_000);
+    assert_eq!(
+        at(RemoteKvPath::Gpudirect),
+        Nanos(1_000_000_000 + net + pcie)
+    );
+    assert_eq!(
+        at(RemoteKvPath::HostPipelined),
+        Nanos(1_000_000_000 + net + pcie)
+    );
+    assert_eq!(
+        at(RemoteKvPath::HostStaged),
+        Nanos(1_000_000_000 + net + 100_000_000 + pcie)
+    );
 }

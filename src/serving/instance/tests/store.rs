@@ -69,6 +69,7 @@ fn store_instance_with(
         tensor_bytes: 1,
         overlap,
         load: Default::default(),
+        staging: Default::default(),
         layers: 32,
         namespace: None,
     };
