@@ -9,9 +9,10 @@
 //! rules, store loads that overlap compute layer by layer or not (`load_overlap`), and a
 //! generated SQuAD- or WikiQA-style workload of 10 to 120 requests. Beside the paper's four
 //! presets, every seed runs a random composition (`[policy.mix]`: a random preset as base,
-//! its tiers, scope, chunk, capacities, eviction per tier (all five orders), admission,
-//! replication, load-or-recompute (`load`) and the remote data path drawn, always one that
-//! can work). Every scenario is a valid
+//! the GPU cache and its eviction order (`lru`, `lfu` or `s3-fifo`), its tiers, scope,
+//! chunk, capacities, eviction per tier (all five orders), admission, replication,
+//! load-or-recompute (`load`) and the remote data path drawn, always one that can work).
+//! Every scenario is a valid
 //! scenario file: `meshsim vopr --seed S --print` writes it, and `meshsim run` runs it like
 //! any other.
 //!
@@ -228,21 +229,37 @@ fn tensor_mib_per_token_block(block: u64) -> f64 {
 }
 
 /// `[policy.mix]`: a random composition that can work, from a random preset: GPU cache or
-/// not, no tier, host memory, or host memory and SSD (4 to 40 chunks of host memory, 0 to 40
-/// on SSD), any scope, any chunk, eviction per tier, replication only across the cluster,
-/// either load choice and any remote data path.
+/// not, and with it any of its eviction orders, no tier, host memory, or host memory and SSD
+/// (4 to 40 chunks of host memory, 0 to 40 on SSD), any scope, any chunk, eviction per tier,
+/// replication only across the cluster, either load choice and any remote data path.
 fn composition_text(pick: &mut dyn FnMut(u64) -> u64, block: u64, block_mib: f64) -> String {
     let presets = crate::serving::policy::PRESETS;
     let base = presets[pick(presets.len() as u64) as usize];
-    let mut t = format!(
-        "\n[policy.mix]\nbase = \"{base}\"\ngpu_prefix_cache = {}\n",
-        pick(3) != 0
-    );
+    let gpu_cache = pick(3) != 0;
+    let mut t = format!("\n[policy.mix]\nbase = \"{base}\"\ngpu_prefix_cache = {gpu_cache}\n");
     let tiers = pick(3);
     if tiers == 0 {
         t += "tiers = []\n";
-        return t;
+    } else {
+        store_keys(&mut t, pick, tiers, block, block_mib);
     }
+    // Drawn after the keys above, so that it shifts none of their draws.
+    let order = ["lru", "lfu", "s3-fifo"][pick(3) as usize];
+    if gpu_cache {
+        let _ = writeln!(t, "gpu_eviction = \"{order}\"");
+    }
+    t
+}
+
+/// The store's keys of `[policy.mix]` (see [`composition_text`]), for `tiers` 1 (host
+/// memory) or 2 (host memory and SSD).
+fn store_keys(
+    t: &mut String,
+    pick: &mut dyn FnMut(u64) -> u64,
+    tiers: u64,
+    block: u64,
+    block_mib: f64,
+) {
     let per = [1, 2, 4, 8][pick(4) as usize];
     let chunk_mib = block_mib * per as f64;
     let scope = ["instance", "node", "cluster"][pick(3) as usize];
@@ -286,7 +303,6 @@ fn composition_text(pick: &mut dyn FnMut(u64) -> u64, block: u64, block_mib: f64
         ["always", "when-faster"][pick(2) as usize],
         ["gpudirect", "host-staged", "host-pipelined"][pick(3) as usize]
     );
-    t
 }
 
 /// Half the time, a `[workload.reuse]` table (and then no `order`): few contexts, popularity

@@ -45,6 +45,72 @@ fn every_preset_resolves_and_its_printed_table_makes_it_again() {
 }
 
 #[test]
+fn the_gpu_eviction_order_is_lru_in_every_preset_and_its_printed_table_makes_it_again() {
+    use meshsim::serving::kv::GpuEviction;
+    let s = with(&all_presets(), "").unwrap();
+    assert!(
+        s.policies
+            .iter()
+            .all(|p| p.gpu_eviction == GpuEviction::Lru)
+    );
+    let tables = "[policy.lfu]\nbase = \"local-prefix\"\ngpu_eviction = \"lfu\"\n\
+                  [policy.s3]\nbase = \"lmcache\"\ngpu_eviction = \"s3-fifo\"\n\
+                  [policy.lru]\nbase = \"evostore\"\ngpu_eviction = \"lru\"\n";
+    let s = with("[\"lfu\", \"s3\", \"lru\"]", tables).unwrap();
+    let orders: Vec<GpuEviction> = s.policies.iter().map(|p| p.gpu_eviction).collect();
+    assert_eq!(
+        orders,
+        [GpuEviction::Lfu, GpuEviction::S3Fifo, GpuEviction::Lru]
+    );
+    for p in &s.policies {
+        let printed = table(p);
+        let copy = printed.replace(&format!("[policy.{}]", p.name), "[policy.copy]");
+        let again = with("[\"copy\"]", &copy).unwrap_or_else(|e| panic!("{e}\n{copy}"));
+        let mut q = again.policies[0].clone();
+        q.name = p.name.clone();
+        assert_eq!(&q, p, "{printed}");
+    }
+    // `meshsim check` prints the key.
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(common::data("small.toml"))
+        .unwrap()
+        .replace(
+            "policies = [\"vanilla\", \"local-prefix\", \"evostore\", \"ptstore\"]",
+            &format!("policies = [\"lfu\", \"s3\", \"lru\"]\n{tables}"),
+        );
+    std::fs::write(dir.path().join("s.toml"), text).unwrap();
+    let o = meshsim(dir.path(), &["check", "s.toml"]);
+    assert_eq!(o.status, 0, "{}", o.stderr);
+    for key in [
+        "gpu_eviction = \"lfu\"",
+        "gpu_eviction = \"s3-fifo\"",
+        "gpu_eviction = \"lru\"",
+    ] {
+        assert!(o.stdout.contains(key), "{key}:\n{}", o.stdout);
+    }
+}
+
+#[test]
+fn every_gpu_eviction_order_serves_every_request_and_lru_restated_changes_nothing() {
+    let tables = "[policy.lru]\nbase = \"local-prefix\"\ngpu_eviction = \"lru\"\n\
+                  [policy.lfu]\nbase = \"local-prefix\"\ngpu_eviction = \"lfu\"\n\
+                  [policy.s3]\nbase = \"local-prefix\"\ngpu_eviction = \"s3-fifo\"\n";
+    let s = with("[\"local-prefix\", \"lru\", \"lfu\", \"s3\"]", tables).unwrap();
+    let runs = common::run(&s, 2);
+    for r in &runs {
+        assert!(r.report.violations.is_empty(), "{:?}", r.report.violations);
+        assert!(
+            r.report.records.iter().all(|q| q.completed()),
+            "{}",
+            r.summary.policy
+        );
+        assert!(r.summary.prefix_hit_ratio > 0.0, "{}", r.summary.policy);
+    }
+    let (a, b) = (&runs[0].summary, &runs[1].summary);
+    assert_eq!((a.ttft, a.prefix_hit_ratio), (b.ttft, b.prefix_hit_ratio));
+}
+
+#[test]
 fn meshsim_check_prints_the_table_of_each_of_the_eight_presets() {
     let dir = tempfile::tempdir().unwrap();
     let s = std::fs::read_to_string(common::data("small.toml"))
@@ -200,6 +266,22 @@ fn a_composition_that_cannot_work_is_refused_naming_the_key() {
             "[\"mine\"]",
             "[policy.mine]\nbase = \"evostore\"\ncapacity = 3\n",
             &["policy", "capacity"],
+        ),
+        (
+            "[\"mine\"]",
+            "[policy.mine]\nbase = \"vanilla\"\ngpu_eviction = \"lfu\"\n",
+            &["policy.mine.gpu_eviction", "no GPU prefix cache", "\"lfu\""],
+        ),
+        (
+            "[\"mine\"]",
+            "[policy.mine]\nbase = \"evostore\"\ngpu_prefix_cache = false\n\
+             gpu_eviction = \"s3-fifo\"\n",
+            &["policy.mine.gpu_eviction", "gpu_prefix_cache = false"],
+        ),
+        (
+            "[\"mine\"]",
+            "[policy.mine]\nbase = \"local-prefix\"\ngpu_eviction = \"arc\"\n",
+            &["policy", "gpu_eviction", "arc"],
         ),
         ("[\"mine\"]", "", &["policies", "unknown policy \"mine\""]),
         (

@@ -17,6 +17,8 @@
 //! longest run of its prompt's leading full blocks that the pool holds (the block pool); those
 //! tokens are not recomputed. At least the last prompt token is always computed, since it
 //! produces the first output token's logits.
+//! Free registered blocks are evicted in the policy's order
+//! (`gpu_eviction`: LRU, LFU or S3-FIFO, see [`crate::serving::kv`]).
 //!
 //! **Tokens.** An iteration that computes the last known token of a sequence samples its next
 //! token: the end of the prefill gives the first token (reported to the router at once), every
@@ -107,7 +109,7 @@ use std::sync::Arc;
 
 use running::Running;
 
-use super::kv::{BlockPool, Blocks};
+use super::kv::{Blocks, GpuPool};
 use super::msg::{Completion, Lookup, Msg, Output};
 use crate::actor::{Actor, ActorId, Context, Hot, Medium, Work, unexpected};
 use crate::backend::{BatchBackend, LoadItem, Member, Sampled};
@@ -302,7 +304,7 @@ pub struct Instance {
     /// (1.5 KiB) whenever it goes from empty to one, and free it when it goes back: at most
     /// requests of a store policy.
     loading: Vec<Seq>,
-    pool: BlockPool,
+    pool: GpuPool,
     /// Admitted under `load_overlap = "none"`, holding blocks while their loads are in flight.
     parked: Vec<Seq>,
     /// Broken invariants and unexpected messages (errors are values).
@@ -403,7 +405,12 @@ impl Instance {
             hashes: Arc::new(PromptHashes::new(trace.clone())),
             trace,
             // A backend that keeps KV by block needs the ids; a simulated one only counts.
-            pool: BlockPool::new(cfg.num_blocks, policy.keep_gpu_blocks(), backend.real()),
+            pool: GpuPool::new(
+                cfg.num_blocks,
+                policy.keep_gpu_blocks(),
+                backend.real(),
+                policy.gpu_eviction,
+            ),
             policy,
             cfg,
             waiting: VecDeque::new(),
@@ -436,7 +443,7 @@ impl Instance {
 
     pub fn stats(&self) -> InstanceStats {
         InstanceStats {
-            pool: self.pool.stats,
+            pool: self.pool.stats(),
             ..self.stats
         }
     }

@@ -68,10 +68,22 @@
 //! which free block an allocation gets changes nothing that can be observed: free blocks with
 //! ids then sit on a stack (the most recently released taken first), and a counting pool
 //! keeps only its count of free blocks.
+//!
+//! **Other eviction orders.** A policy may have the GPU prefix cache evict in another order
+//! (`gpu_eviction`, [`GpuEviction`]): `lfu` (fewest accesses first, then least recently
+//! used: SGLang's radix cache's `lfu`) or `s3-fifo` (Yang et al., SOSP 2023). Those are kept
+//! block by block in an [`OrderedPool`], a pool with the same calls whose module doc says what it
+//! charges and what it changes in the published algorithms; the instance holds a
+//! [`GpuPool`], which is this pool under LRU (unchanged, and the default) and that one
+//! otherwise. Beside the order, the ordered pool differs from this one in one respect: an
+//! allocation takes free blocks that hold no hash before it evicts any registered block,
+//! where this pool's queue mixes both in release order (as vLLM's does).
 
 mod blocks;
 mod check;
+mod gpu_pool;
 pub(crate) mod index;
+mod ordered;
 mod pool;
 pub mod prompt_hashes;
 #[cfg(test)]
@@ -82,6 +94,8 @@ mod segments;
 mod tests;
 
 pub use blocks::Blocks;
+pub use gpu_pool::{GpuEviction, GpuPool};
+pub use ordered::OrderedPool;
 pub use pool::BlockPool;
 
 pub type BlockId = u32;

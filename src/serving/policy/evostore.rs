@@ -9,6 +9,7 @@
 //! gpu_prefix_cache` is true. Sizes, chunk and load overlap are the `[store]` table's.
 
 use super::{Policy, Scope, StoreRules};
+use crate::serving::kv::GpuEviction;
 use crate::serving::store::admission::Admission;
 use crate::serving::store::{StoreConfig, TierEviction};
 
@@ -18,6 +19,7 @@ pub fn policy(cfg: &StoreConfig) -> Policy {
         name: "evostore".into(),
         base: "evostore".into(),
         gpu_prefix_cache: cfg.gpu_prefix_cache,
+        gpu_eviction: GpuEviction::Lru,
         store: Some(StoreRules {
             scope: Scope::Cluster,
             tensor_tokens: cfg.tensor_tokens,

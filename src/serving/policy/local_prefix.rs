@@ -10,12 +10,14 @@
 //! the instance's own GPU is searched: instances do not share blocks.
 
 use super::Policy;
+use crate::serving::kv::GpuEviction;
 
 pub fn policy() -> Policy {
     Policy {
         name: "local-prefix".into(),
         base: "local-prefix".into(),
         gpu_prefix_cache: true,
+        gpu_eviction: GpuEviction::Lru,
         store: None,
     }
 }

@@ -1,7 +1,8 @@
 //! Prefix-reuse policies as compositions (DESIGN contract 5).
 //!
 //! A policy is a table of independent choices ([`Policy`]): whether the GPU keeps freed
-//! prompt blocks indexed for later requests (its prefix cache), and, when it has tiers beyond
+//! prompt blocks indexed for later requests (its prefix cache), in which order it evicts
+//! them (`gpu_eviction`: LRU, as vLLM, in every preset), and, when it has tiers beyond
 //! the GPU, the store's rules ([`StoreRules`]): the scope within which a stored prefix is
 //! visible, the chunk (tensor) size, the capacity of host memory and SSD, eviction per tier,
 //! admission, replication and consolidation, and how loads overlap compute. The serving
@@ -28,6 +29,7 @@ pub use vanilla::policy as vanilla;
 
 use crate::hardware::RemoteKvPath;
 use crate::metrics::Tier;
+use crate::serving::kv::GpuEviction;
 use crate::serving::store::admission::Admission;
 use crate::serving::store::{LoadChoice, LoadOverlap, StoreConfig, TierEviction};
 
@@ -85,8 +87,11 @@ pub struct Policy {
     /// The preset it starts from (its own name for a preset).
     pub base: String,
     /// Whether full prompt blocks stay in GPU memory, indexed by their hash, once no running
-    /// request uses them (until evicted least recently used first), and requests look there.
+    /// request uses them (until evicted in `gpu_eviction`'s order), and requests look there.
     pub gpu_prefix_cache: bool,
+    /// The order in which the GPU prefix cache evicts free blocks (LRU in every preset; only
+    /// LRU without the cache).
+    pub gpu_eviction: GpuEviction,
     /// The store beyond the GPU; `None`: the GPU is the only tier.
     pub store: Option<StoreRules>,
 }
@@ -154,6 +159,7 @@ impl Policy {
             name: String::new(),
             base: String::new(),
             gpu_prefix_cache: true,
+            gpu_eviction: GpuEviction::Lru,
             store: Some(StoreRules {
                 scope,
                 tensor_tokens,

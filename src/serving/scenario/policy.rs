@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::hardware::{HardwareSpec, RemoteKvPath};
 use crate::model::ModelConfig;
 use crate::scenario::{Check, MAX_TOKENS, ScenarioError, is_file_name, non_negative};
+use crate::serving::kv::GpuEviction;
 use crate::serving::policy::{PRESETS, Policy, Scope, Setting, preset};
 use crate::serving::store::admission::Admission;
 use crate::serving::store::eviction::Eviction;
@@ -41,6 +42,9 @@ pub struct RawPolicy {
     /// Whether the GPU keeps freed prompt blocks for later requests.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu_prefix_cache: Option<bool>,
+    /// The order the GPU prefix cache evicts in: `lru`, `lfu` or `s3-fifo`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_eviction: Option<GpuEviction>,
     /// Tiers beyond the GPU: `[]`, `["host"]` or `["host", "ssd"]`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tiers: Option<Vec<RawTier>>,
@@ -194,6 +198,9 @@ fn apply(
     if let Some(g) = r.gpu_prefix_cache {
         p.gpu_prefix_cache = g;
     }
+    if let Some(e) = r.gpu_eviction {
+        p.gpu_eviction = e;
+    }
     let tiers = match &r.tiers {
         None => None,
         Some(t) if t.is_empty() => Some((false, false)),
@@ -306,10 +313,20 @@ fn refuse_store_keys(c: &Check, name: &str, r: &RawPolicy) -> Result<(), Scenari
 
 /// Refuses a composition that cannot work, naming the key.
 fn check(c: &Check, name: &str, p: &Policy, b: &Bounds) -> Result<(), ScenarioError> {
+    let key = |k: &str| format!("policy.{name}.{k}");
+    if !p.gpu_prefix_cache && p.gpu_eviction != GpuEviction::Lru {
+        return Err(c.err(
+            &key("gpu_eviction"),
+            format!(
+                "the policy has no GPU prefix cache (gpu_prefix_cache = false): expected \"lru\" \
+                 (nothing is evicted), found {:?}",
+                gpu_eviction_name(p.gpu_eviction)
+            ),
+        ));
+    }
     let Some(s) = &p.store else {
         return Ok(());
     };
-    let key = |k: &str| format!("policy.{name}.{k}");
     let tokens = c.count(&key("tensor_tokens"), s.tensor_tokens, MAX_TOKENS)?;
     if !tokens.is_multiple_of(b.block_size) {
         return Err(c.err(
@@ -373,6 +390,14 @@ fn check(c: &Check, name: &str, p: &Policy, b: &Bounds) -> Result<(), ScenarioEr
     }
 }
 
+fn gpu_eviction_name(e: GpuEviction) -> &'static str {
+    match e {
+        GpuEviction::Lru => "lru",
+        GpuEviction::Lfu => "lfu",
+        GpuEviction::S3Fifo => "s3-fifo",
+    }
+}
+
 fn scope_name(s: Scope) -> &'static str {
     match s {
         Scope::Instance => "instance",
@@ -386,6 +411,7 @@ pub fn table(p: &Policy) -> String {
     let mut r = RawPolicy {
         base: Some(p.base.clone()),
         gpu_prefix_cache: Some(p.gpu_prefix_cache),
+        gpu_eviction: Some(p.gpu_eviction),
         tiers: Some(Vec::new()),
         ..RawPolicy::default()
     };
