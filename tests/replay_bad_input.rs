@@ -265,3 +265,44 @@ proptest! {
         }
     }
 }
+
+/// A replayed prompt longer than the model's context refuses the trace, naming its line;
+/// with `workload.skip_too_long` such requests are left out and the others replayed.
+#[test]
+fn a_prompt_longer_than_the_context_is_refused_or_left_out_on_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let line = |t: u64, n: u64| {
+        let ids: Vec<String> = (0..n.div_ceil(512))
+            .map(|i| (t * 1000 + i).to_string())
+            .collect();
+        format!(
+            "{{\"timestamp\": {t}, \"input_length\": {n}, \"output_length\": 4, \"hash_ids\": [{}]}}\n",
+            ids.join(", ")
+        )
+    };
+    let trace = [line(0, 1000), line(10, 40_000), line(20, 2000)].concat();
+    std::fs::write(dir.path().join("m.jsonl"), trace).unwrap();
+    let small = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/small.toml"),
+    )
+    .unwrap();
+    let head = &small[..small.find("[workload]").unwrap()];
+    let scenario = |skip: &str| {
+        let text =
+            format!("{head}[workload]\nsource = \"mooncake-jsonl\"\npath = \"m.jsonl\"\n{skip}");
+        let file = dir.path().join("s.toml");
+        meshsim::serving::scenario::Scenario::parse(file.to_str().unwrap(), "s", &text).unwrap()
+    };
+    let refused = meshsim::serving::build::trace(&scenario(""))
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("m.jsonl:2: input_length"), "{refused}");
+    assert!(refused.contains("longer than the context"), "{refused}");
+    let t = meshsim::serving::build::trace(&scenario("skip_too_long = true\n")).unwrap();
+    let prompts: Vec<u32> = t.requests.iter().map(|r| r.prompt_tokens).collect();
+    assert_eq!(prompts, [1000, 2000]);
+    // Not for generated workloads.
+    let generated = small.replace("[workload]\n", "[workload]\nskip_too_long = true\n");
+    let e = meshsim::serving::scenario::Scenario::parse("g.toml", "g", &generated).unwrap_err();
+    assert!(e.to_string().contains("workload.skip_too_long"), "{e}");
+}

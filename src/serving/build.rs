@@ -55,7 +55,28 @@ pub fn trace(s: &Scenario) -> Result<Trace, TraceError> {
             }
         }
         WorkloadSpec::Replay(spec) => {
-            let loaded = replay::load(spec, s.seed)?;
+            let mut loaded = replay::load(spec, s.seed)?;
+            if spec.skip_too_long {
+                let n = loaded.drop_too_long(s.model.max_context);
+                if loaded.trace.requests.is_empty() {
+                    return Err(TraceError::whole(
+                        &spec.path,
+                        "workload.skip_too_long",
+                        format!(
+                            "every request's prompt is longer than the context of {} ({} tokens)",
+                            s.model.name, s.model.max_context
+                        ),
+                    ));
+                }
+                if n > 0 {
+                    tracing::warn!(
+                        skipped = n,
+                        kept = loaded.trace.requests.len(),
+                        "requests longer than the context of {} left out (workload.skip_too_long)",
+                        s.model.name
+                    );
+                }
+            }
             loaded.check_fits(
                 &spec.path,
                 s.limits.max_time,

@@ -220,6 +220,7 @@ pub struct RawWorkload {
     pub path: Option<String>,
     pub tokenizer: Option<String>,
     pub skip_bad_lines: Option<bool>,
+    pub skip_too_long: Option<bool>,
     pub system_prompt: Option<String>,
     pub requests: Option<u32>,
     pub arrival_rate_per_s: Option<f64>,

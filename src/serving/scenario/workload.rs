@@ -277,6 +277,7 @@ fn generated(
         ("path", w.path.is_some()),
         ("tokenizer", w.tokenizer.is_some()),
         ("skip_bad_lines", w.skip_bad_lines.is_some()),
+        ("skip_too_long", w.skip_too_long.is_some()),
         ("system_prompt", w.system_prompt.is_some()),
     ] {
         if set {
@@ -410,6 +411,7 @@ fn replay(
         tokenizer: w.tokenizer.as_deref().map(resolve),
         max_requests,
         skip_bad_lines: w.skip_bad_lines.unwrap_or(false),
+        skip_too_long: w.skip_too_long.unwrap_or(false),
         qa,
     }))
 }

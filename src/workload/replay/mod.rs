@@ -150,6 +150,9 @@ pub struct ReplaySpec {
     pub max_requests: Option<u32>,
     /// Skip malformed lines (counting them) instead of failing on the first.
     pub skip_bad_lines: bool,
+    /// Leave out requests whose prompt is longer than the model's context (counting them)
+    /// instead of refusing the trace.
+    pub skip_too_long: bool,
     pub qa: QaOptions,
 }
 
@@ -161,6 +164,7 @@ impl ReplaySpec {
             tokenizer: None,
             max_requests: None,
             skip_bad_lines: false,
+            skip_too_long: false,
             qa: QaOptions::default(),
         }
     }
@@ -222,6 +226,28 @@ pub fn load(spec: &ReplaySpec, seed: u64) -> Result<Loaded, TraceError> {
 }
 
 impl Loaded {
+    /// Leaves out the requests whose prompt is longer than `max_prompt_tokens`; returns how
+    /// many (`workload.skip_too_long`). The others keep their arrivals and their order.
+    pub fn drop_too_long(&mut self, max_prompt_tokens: u64) -> usize {
+        let before = self.trace.requests.len();
+        let keep: Vec<bool> = (self.trace.requests.iter())
+            .map(|r| u64::from(r.prompt_tokens) <= max_prompt_tokens)
+            .collect();
+        let mut i = 0;
+        self.trace.requests.retain(|_| {
+            i += 1;
+            keep[i - 1]
+        });
+        if !self.lines.is_empty() {
+            let mut i = 0;
+            self.lines.retain(|_| {
+                i += 1;
+                keep[i - 1]
+            });
+        }
+        before - self.trace.requests.len()
+    }
+
     /// Checks that every request of the trace loaded from `path` can be simulated: it arrives
     /// by `max_arrival` (the simulation's time limit) and its prompt fits in the model's
     /// context of `max_prompt_tokens` tokens (`model` names it). The error names the first
