@@ -37,11 +37,12 @@
 //! in use or free, as the store's S3-FIFO counts hidden entries. S3-FIFO's scans pass over
 //! blocks in use in place, and when the list it picks holds no free block the other gives the
 //! victim (the store's conventions, see its module doc); an insert is classified by the ghost
-//! when the block is registered, after the allocation that made its room (the miss is only
-//! known for sure then: a block found by the lookup may be registered meanwhile). LFU keeps
-//! no tree: a block is evicted whatever the blocks after it in its chain (they stay
-//! registered, unreachable by lookups, until they are evicted in turn), where SGLang evicts
-//! only leaves; the release order above makes a chain lose its tail first at equal counts.
+//! when the block is registered, after the allocation that made its room (only then is it
+//! known to be inserted at all: another sequence may register the same hash first). Neither
+//! order keeps a tree: a block is evicted whatever the blocks after it in its chain (they
+//! stay registered, unreachable by lookups, until they are evicted in turn), where SGLang's
+//! radix cache evicts only leaves; under LFU the release order above makes a chain lose its
+//! tail first at equal counts, and S3-FIFO gives no such guarantee.
 //!
 //! **Cost.** Block by block, unlike [`super::BlockPool`]'s segments: a lookup, a hit, an
 //! allocation and a release touch every block, with an ordered set (LFU) or the store's
