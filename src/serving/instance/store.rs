@@ -116,9 +116,11 @@ impl Instance {
             Some(longest)
         };
         let layerwise = st.overlap == LoadOverlap::Layerwise;
-        let first_token = |k: u32| -> Option<(Nanos, Nanos)> {
-            let (l, c) = (load(k)?, compute((skip + k) * tt)?);
-            Some((if layerwise { l.max(c) } else { l + c }, l))
+        // The load of the first `k` tensors and the prefill of the rest.
+        let parts = |k: u32| Some((load(k)?, compute((skip + k) * tt)?));
+        let first_token = |k: u32| {
+            let (l, c) = parts(k)?;
+            Some(if layerwise { l.max(c) } else { l + c })
         };
         // Candidates: nothing, everything, and every place where the source changes. Within
         // a run of one source the load grows linearly and the prefill left shrinks concavely,
@@ -134,10 +136,8 @@ impl Instance {
                     let (mut lo, mut hi) = (start, i);
                     while lo < hi {
                         let mid = lo + (hi - lo) / 2;
-                        match first_token(mid) {
-                            Some((_, l)) if l >= compute((skip + mid) * tt).unwrap_or(l) => {
-                                hi = mid
-                            }
+                        match parts(mid) {
+                            Some((l, c)) if l >= c => hi = mid,
                             Some(_) => lo = mid + 1,
                             None => return n,
                         }
@@ -152,7 +152,7 @@ impl Instance {
         candidates.dedup();
         let mut best = (Nanos(u64::MAX), n);
         for k in candidates {
-            let Some((t, _)) = first_token(k) else {
+            let Some(t) = first_token(k) else {
                 return n;
             };
             // Ties load more: the store's answer stands unless recomputing is faster.

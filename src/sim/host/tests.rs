@@ -1,5 +1,5 @@
 use super::*;
-use crate::hardware::LinkSpec;
+use crate::hardware::{LinkSpec, RemoteKvPath};
 
 /// Ticks every microsecond; its invariant breaks at the `breaks_at`-th tick.
 struct Ticker {
@@ -77,7 +77,19 @@ struct Reader {
     start_at: Nanos,
     epoch: u32,
     bytes: u64,
-    staging: crate::hardware::RemoteKvPath,
+    staging: RemoteKvPath,
+}
+
+impl Reader {
+    fn new(start_at: Nanos, epoch: u32, bytes: u64, staging: RemoteKvPath) -> Reader {
+        Reader {
+            got: Default::default(),
+            start_at,
+            epoch,
+            bytes,
+            staging,
+        }
+    }
 }
 
 impl Actor<Option<bool>> for Reader {
@@ -112,25 +124,36 @@ fn read(start_at: Nanos, loss: Option<(Nanos, bool)>) -> (bool, Nanos) {
 /// [`read`] by a reader whose plan knew of `epoch` losses of node 1.
 fn read_knowing(start_at: Nanos, loss: Option<(Nanos, bool)>, epoch: u32) -> (bool, Nanos) {
     let link = LinkSpec::ideal(1e9, Nanos::ZERO);
-    let mut h: SimHost<Option<bool>> = SimHost::new(Network::fabric(2, link), Limits::default(), 1);
-    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    h.add(
-        Box::new(Reader {
-            got: got.clone(),
-            start_at,
-            epoch,
-            bytes: 1_000_000,
-            staging: Default::default(),
-        }),
+    let losses: Vec<MemoryLoss> = loss
+        .map(|(at, crash)| MemoryLoss { node: 1, at, crash })
+        .into_iter()
+        .collect();
+    let reader = Reader::new(start_at, epoch, 1_000_000, Default::default());
+    let v = run_reader(
+        Network::fabric(2, link),
         Place::Host { node: 0 },
+        reader,
+        &losses,
     );
-    if let Some((at, crash)) = loss {
-        h.lose_memory(MemoryLoss { node: 1, at, crash });
-    }
-    h.run().unwrap();
-    let v = got.lock().unwrap().clone();
     assert_eq!(v.len(), 1, "{v:?}");
     v[0]
+}
+
+/// Runs `reader` at `place` on `net` with `losses`; returns how its reads ended.
+fn run_reader(
+    net: Network,
+    place: Place,
+    reader: Reader,
+    losses: &[MemoryLoss],
+) -> Vec<(bool, Nanos)> {
+    let got = reader.got.clone();
+    let mut h: SimHost<Option<bool>> = SimHost::new(net, Limits::default(), 1);
+    h.add(Box::new(reader), place);
+    for &loss in losses {
+        h.lose_memory(loss);
+    }
+    h.run().unwrap();
+    got.lock().unwrap().clone()
 }
 
 #[test]
@@ -165,25 +188,19 @@ fn a_read_fails_when_its_source_loses_the_memory_before_its_last_byte() {
     assert!(!read_knowing(ms(2), Some((ms(1), true)), 1).0);
     // Another node's loss does not touch it.
     let link = LinkSpec::ideal(1e9, Nanos::ZERO);
-    let mut h: SimHost<Option<bool>> = SimHost::new(Network::fabric(3, link), Limits::default(), 1);
-    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    h.add(
-        Box::new(Reader {
-            got: got.clone(),
-            start_at: Nanos::ZERO,
-            epoch: 0,
-            bytes: 1_000_000,
-            staging: Default::default(),
-        }),
-        Place::Host { node: 0 },
-    );
-    h.lose_memory(MemoryLoss {
+    let loss = MemoryLoss {
         node: 2,
         at: Nanos(500_000),
         crash: true,
-    });
-    h.run().unwrap();
-    assert!(got.lock().unwrap()[0].0);
+    };
+    let reader = Reader::new(Nanos::ZERO, 0, 1_000_000, Default::default());
+    let v = run_reader(
+        Network::fabric(3, link),
+        Place::Host { node: 0 },
+        reader,
+        &[loss],
+    );
+    assert!(v[0].0);
 }
 
 /// A 1 GB load from node 1's host memory into a GPU of node 0, on a cluster whose NIC gives
@@ -195,24 +212,11 @@ fn a_read_fails_when_its_source_loses_the_memory_before_its_last_byte() {
 /// the NICs and switches (2.3 us), PCIe (1 us).
 #[test]
 fn a_remote_load_costs_its_slowest_link_on_each_path() {
-    use crate::hardware::RemoteKvPath;
     let gb = 1_000_000_000;
     let at = |staging| {
-        let spec = crate::hardware::network::tests::cluster(2);
-        let mut h: SimHost<Option<bool>> = SimHost::new(Network::new(&spec), Limits::default(), 1);
-        let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        h.add(
-            Box::new(Reader {
-                got: got.clone(),
-                start_at: Nanos::ZERO,
-                epoch: 0,
-                bytes: gb,
-                staging,
-            }),
-            Place::Gpu { node: 0, gpu: 0 },
-        );
-        h.run().unwrap();
-        let v = got.lock().unwrap().clone();
+        let net = Network::new(&crate::hardware::network::tests::cluster(2));
+        let reader = Reader::new(Nanos::ZERO, 0, gb, staging);
+        let v = run_reader(net, Place::Gpu { node: 0, gpu: 0 }, reader, &[]);
         assert_eq!(v.len(), 1);
         assert!(v[0].0);
         v[0].1
