@@ -255,6 +255,7 @@ fn figures_end_even_on_infinite_and_nan_values() {
         prefix_hit_ratio: v,
         reused_tokens: [1; 5],
         loaded_bytes: [1; 4],
+        links: None,
     };
     let latencies = |policy: &str, v: f64| Latencies {
         policy: policy.into(),

@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 /// Top-level modules by layer, bottom first.
 const LAYERS: &[&[&str]] = &[
     &["units", "hash", "rng", "text", "cpu"],
-    &["metrics", "hardware", "fault"],
+    &["hardware", "fault"],
+    &["metrics"],
     &["actor", "model"],
     &["exec", "sim", "live", "workload"],
     &["backend", "results", "scenario"],

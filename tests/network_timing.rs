@@ -12,7 +12,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
-use meshsim::hardware::network::{MICE_BYTES, Network, Transfer};
+use meshsim::hardware::network::{MICE_BYTES, Network, Purpose, Transfer};
 use meshsim::hardware::{LinkSpec, Place};
 use meshsim::units::Nanos;
 
@@ -40,7 +40,7 @@ fn run(net: &mut Network, transfers: &[(u64, Place, Place, u64)]) -> Vec<Nanos> 
         let now = Nanos(at);
         if kind == 1 {
             let (_, from, to, bytes) = transfers[who as usize];
-            match net.transfer(now, from, to, bytes) {
+            match net.transfer(now, from, to, bytes, Purpose::Message) {
                 Transfer::At(t) => arrivals[who as usize] = t,
                 Transfer::Flow(f) => {
                     owner.insert(f, who);
@@ -61,14 +61,15 @@ fn run(net: &mut Network, transfers: &[(u64, Place, Place, u64)]) -> Vec<Nanos> 
 #[test]
 fn a_message_of_the_bound_is_small_and_one_byte_more_is_a_flow() {
     let mut net = fabric();
-    let t = net.transfer(Nanos(500), H0, H1, MICE_BYTES);
+    let t = net.transfer(Nanos(500), H0, H1, MICE_BYTES, Purpose::Message);
     assert_eq!(t, Transfer::At(Nanos(500 + MICE_BYTES + LATENCY)));
     assert_eq!(net.active_flows(), 0, "a small message joins no share");
-    let t = net.transfer(Nanos(500), H0, H1, MICE_BYTES - 1);
+    let t = net.transfer(Nanos(500), H0, H1, MICE_BYTES - 1, Purpose::Message);
     assert_eq!(t, Transfer::At(Nanos(500 + MICE_BYTES - 1 + LATENCY)));
     // One byte over: a flow, in the share until it ends, at the same rate (alone).
     let mut net = fabric();
-    let Transfer::Flow(_) = net.transfer(Nanos(500), H0, H1, MICE_BYTES + 1) else {
+    let Transfer::Flow(_) = net.transfer(Nanos(500), H0, H1, MICE_BYTES + 1, Purpose::Message)
+    else {
         panic!("a message over {MICE_BYTES} bytes is a flow");
     };
     assert_eq!(net.active_flows(), 1);

@@ -277,6 +277,7 @@ fn figures_draw_when_no_request_completed() {
         prefix_hit_ratio: 0.0,
         reused_tokens: [0; 5],
         loaded_bytes: [0; 4],
+        links: None,
     };
     let r = Results {
         summary: vec![row],

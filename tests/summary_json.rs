@@ -187,7 +187,7 @@ fn meshsim_plot_writes_summary_json_for_a_sweep_with_empty_cells() {
             .map(|(i, c)| match c.as_str() {
                 "policy" => policy.into(),
                 "requests" | "completed" => "2".into(),
-                "prefix_hit_ratio" | "gpu_busy_ratio" => "0.250000".into(),
+                c if c.ends_with("_ratio") => "0.250000".into(),
                 "store_lookups" => String::new(),
                 c if c.ends_with("_ms") => format!("{}.125", i),
                 _ => i.to_string(),

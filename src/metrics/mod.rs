@@ -15,6 +15,11 @@
 //! (`p_q = sorted[ceil(q/100 x n) - 1]`) of TTFT, TPOT, E2E and queueing delay;
 //! `duration = last end - first arrival`; throughput `completed / duration` and
 //! `output tokens / duration`; prefix-hit ratio `sum reused tokens / sum prompt tokens`.
+//!
+//! Per policy, of the whole run (simulations only; see [`crate::hardware::network::LinkLoad`]):
+//! the bytes that crossed each kind of link by purpose, the bytes moved per purpose, and each
+//! kind's busy fraction (mean over its links, and its busiest link) and mean rate per link;
+//! `network_bytes` is then every byte that crossed a NIC.
 
 mod stats;
 mod tier;
@@ -23,6 +28,7 @@ pub mod write;
 pub use stats::{InstanceStats, PoolStats, StoreReport, StoreStats};
 pub use tier::Tier;
 
+use crate::hardware::network::{LinkKind, LinkLoad};
 use crate::units::Nanos;
 
 /// Everything recorded about one request.
@@ -249,9 +255,14 @@ pub struct Summary {
     pub preemptions: u64,
     pub gpu_block_evictions: u64,
     pub gpu_busy_ratio: f64,
+    /// Bytes that crossed NICs: every purpose's when the run models links ([`Self::links`]),
+    /// otherwise the requests' own (token ids to and from the frontend).
     pub network_bytes: u64,
     pub store: Option<StoreReport>,
     pub events: u64,
+    /// What each kind of link carried and how busy it was, when the run models links (a
+    /// simulation; a live run does not).
+    pub links: Option<LinkLoad>,
 }
 
 impl Summary {
@@ -331,7 +342,16 @@ impl Summary {
             network_bytes,
             store: report.store,
             events,
+            links: None,
         }
+    }
+
+    /// This summary with what the run's links carried: `network_bytes` becomes the bytes
+    /// that crossed NICs.
+    pub fn with_links(mut self, links: LinkLoad) -> Summary {
+        self.network_bytes = links.kind_bytes(LinkKind::Nic);
+        self.links = Some(links);
+        self
     }
 }
 

@@ -7,6 +7,7 @@ use std::io::Write;
 
 use super::Tier;
 use super::{RequestRecord, Summary};
+use crate::hardware::network::{LinkKind, LinkLoad, Purpose};
 
 fn f3(x: f64) -> String {
     format!("{x:.3}")
@@ -25,6 +26,45 @@ fn tier_columns() -> impl Iterator<Item = String> {
         .iter()
         .map(|t| format!("loaded_{}_bytes", t.name()));
     reused.chain(loaded)
+}
+
+/// The link columns of `summary.csv`, after every other: `<kind>_<purpose>_bytes` for each
+/// kind of link and purpose, `moved_<purpose>_bytes`, then per kind `<kind>_busy_ratio` (mean
+/// fraction of the run its links were busy), `<kind>_busiest_ratio` (its busiest link's) and
+/// `<kind>_gbyte_per_s` (mean rate of one link, 10^9 bytes/s).
+fn link_columns() -> Vec<String> {
+    let mut h = Vec::new();
+    for k in LinkKind::ALL {
+        for p in Purpose::ALL {
+            h.push(format!("{}_{}_bytes", k.name(), p.name()));
+        }
+    }
+    for p in Purpose::ALL {
+        h.push(format!("moved_{}_bytes", p.name()));
+    }
+    for k in LinkKind::ALL {
+        for what in ["busy_ratio", "busiest_ratio", "gbyte_per_s"] {
+            h.push(format!("{}_{what}", k.name()));
+        }
+    }
+    h
+}
+
+/// The link columns' fields of one summary: empty when the run models no links.
+fn link_fields(links: Option<&LinkLoad>) -> Vec<String> {
+    let Some(l) = links else {
+        return vec![String::new(); link_columns().len()];
+    };
+    let mut row: Vec<String> = l.bytes.iter().flatten().map(u64::to_string).collect();
+    row.extend(l.moved.iter().map(u64::to_string));
+    for k in LinkKind::ALL {
+        row.extend([
+            format!("{:.6}", l.busy[k as usize]),
+            format!("{:.6}", l.busiest[k as usize]),
+            format!("{:.6}", l.rate_per_link(k) / 1e9),
+        ]);
+    }
+    row
 }
 
 /// The header of `requests.csv`.
@@ -178,6 +218,7 @@ pub fn summary_header() -> Vec<String> {
         "replication_bytes",
         "events",
     ]));
+    h.extend(link_columns());
     h
 }
 
@@ -226,6 +267,7 @@ pub fn write_summary<W: Write>(out: W, summaries: &[Summary]) -> Result<(), csv:
             st.replication_bytes.to_string(),
             s.events.to_string(),
         ]);
+        row.extend(link_fields(s.links.as_ref()));
         w.write_record(&row)?;
     }
     w.flush()?;

@@ -71,7 +71,7 @@ pub fn simulate(s: &PipelineScenario, mode: DecodeMode) -> Result<PipelineRun, S
         host.add(a, place);
     }
     let out = host.run()?;
-    let summary = Summary::new(mode_name(mode), &out.report, out.events);
+    let summary = Summary::new(mode_name(mode), &out.report, out.events).with_links(out.links);
     Ok(PipelineRun {
         mode,
         report: out.report,

@@ -49,7 +49,6 @@ use crate::actor::{Actor, ActorId};
 use crate::backend::{DeviceLock, KvSource, PagedCandleBackend};
 use crate::exec::weights::{self, WeightSource};
 use crate::exec::{HostKv, ShardModel, TransformerConfig, default_device};
-use crate::hardware::network::LinkBytes;
 use crate::live::LiveError;
 use crate::live::cluster::{Coordinator, Placement, Reads, System};
 use crate::live::wire::{FRAME_OVERHEAD, Setup, postcard_whole};
@@ -449,7 +448,6 @@ pub async fn live(
     Ok(PolicyRun {
         policy: policy.clone(),
         summary,
-        link_bytes: LinkBytes::default(),
         wall: started.elapsed().max(out.wall),
         spooled: None,
         latencies: None,

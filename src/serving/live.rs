@@ -35,7 +35,6 @@ use super::store::memory::ClusterMemory;
 use crate::backend::{BatchBackend, PagedCandleBackend, Timing};
 use crate::exec::weights::{self, WeightSource};
 use crate::exec::{ShardModel, default_device, model::max_abs_diff};
-use crate::hardware::network::LinkBytes;
 use crate::live::LiveError;
 use crate::metrics::Summary;
 use crate::results::RunError;
@@ -179,7 +178,6 @@ pub async fn live_with(
         policy: policy.clone(),
         report: out.report,
         summary,
-        link_bytes: LinkBytes::default(),
         wall: started.elapsed().max(out.wall),
         spooled: None,
         latencies: None,

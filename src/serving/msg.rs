@@ -2,11 +2,22 @@
 //! metadata service. Large payloads are boxed to keep events small.
 
 use crate::actor::ActorId;
+use crate::hardware::network::Purpose;
 use crate::metrics::Tier;
 use crate::serving::store::directory::{Change, LoadPlan, TensorId};
 use crate::serving::store::memory::KvData;
 use crate::units::Nanos;
 use crate::workload::ReqId;
+
+/// What a message's bytes are for, in the link counters: K/V written into the store, a
+/// replica of K/V read from another node, or a message.
+pub fn purpose(msg: &Msg) -> Purpose {
+    match msg {
+        Msg::StoreWrite { replica: true, .. } => Purpose::Replication,
+        Msg::StoreWrite { .. } => Purpose::Store,
+        _ => Purpose::Message,
+    }
+}
 
 /// Every message between the serving system's actors.
 #[derive(Debug)]

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use super::policy::Policy;
 use super::scenario::Scenario;
-use crate::hardware::network::LinkBytes;
 use crate::metrics::{Report, Summary};
 use crate::results::RequestRows;
 
@@ -16,7 +15,6 @@ pub struct PolicyRun {
     pub policy: Policy,
     pub report: Report,
     pub summary: Summary,
-    pub link_bytes: LinkBytes,
     /// Wall-clock time of the simulation (not reproducible; console only).
     pub wall: Duration,
     /// Where the run's `requests.csv` rows went when it was spooled ([`Spool`]); its

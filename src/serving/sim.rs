@@ -102,6 +102,7 @@ pub fn simulate_watched(
     let started = Instant::now();
     let mut host = SimHost::new(Network::new(&s.hardware), s.limits, s.seed);
     host.set_check_every(check_every);
+    host.set_purpose(super::msg::purpose);
     if let Some(p) = progress {
         host.set_progress(p);
     }
@@ -123,12 +124,12 @@ pub fn simulate_watched(
         inject(s, &mut host, targets);
     }
     let outcome = host.run()?;
-    let summary = Summary::new(policy.name(), &outcome.report, outcome.events);
+    let summary =
+        Summary::new(policy.name(), &outcome.report, outcome.events).with_links(outcome.links);
     Ok(PolicyRun {
         policy: policy.clone(),
         report: outcome.report,
         summary,
-        link_bytes: outcome.link_bytes,
         wall: started.elapsed(),
         spooled: None,
         latencies: None,

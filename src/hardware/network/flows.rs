@@ -4,6 +4,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use super::load::Busy;
 use crate::units::Nanos;
 
 /// A flow's slot; reused after the flow ends (versions tell its occupants apart).
@@ -28,6 +29,8 @@ struct Link {
     blocked_until: Nanos,
     /// The flows on this link, once per time their path crosses it.
     flows: Vec<FlowId>,
+    /// When it had transfers on it.
+    busy: Busy,
     // Scratch for progressive filling.
     left: f64,
     stamp: u32,
@@ -110,6 +113,7 @@ impl Flows {
                     factor: 1.0,
                     blocked_until: Nanos::ZERO,
                     flows: Vec::new(),
+                    busy: Busy::default(),
                     stamp: 0,
                     left: 0.0,
                     unfixed: 0,
@@ -160,6 +164,12 @@ impl Flows {
     /// When a small message of `bytes` that starts at `now` has crossed `path` at the fair
     /// share it gets there: the bottleneck's `bandwidth / (flows + 1)`.
     pub(super) fn mouse(&self, now: Nanos, path: &[u32], bytes: u64) -> Nanos {
+        self.mouse_span(now, path, bytes).1
+    }
+
+    /// When a small message of `bytes` that starts at `now` leaves (a cut link holds it) and
+    /// when it has crossed `path`.
+    fn mouse_span(&self, now: Nanos, path: &[u32], bytes: u64) -> (Nanos, Nanos) {
         let mut start = now;
         let mut rate = f64::INFINITY;
         for &l in path {
@@ -173,7 +183,26 @@ impl Flows {
             };
             rate = rate.min(bw / (link.flows.len() + 1) as f64);
         }
-        start + duration(bytes as f64, rate)
+        (start, start + duration(bytes as f64, rate))
+    }
+
+    /// Sends a small message as [`Self::mouse`] prices it, counting its transmission as busy
+    /// time of the links on its path that carry no flow.
+    pub(super) fn send_mouse(&mut self, now: Nanos, path: &[u32], bytes: u64) -> Nanos {
+        let (start, end) = self.mouse_span(now, path, bytes);
+        for &l in path {
+            let link = &mut self.links[l as usize];
+            if link.flows.is_empty() {
+                link.busy.mouse(start, end);
+            }
+        }
+        end
+    }
+
+    /// Nanoseconds link `l` was busy up to `end` (see [`super::load`]).
+    pub(super) fn busy(&self, l: usize, end: Nanos) -> u64 {
+        let link = &self.links[l];
+        link.busy.until(end, !link.flows.is_empty())
     }
 
     /// Starts a flow of `bytes` over `path` (at most [`super::MAX_PATH`] links) at `now`.
@@ -210,7 +239,11 @@ impl Flows {
         f.latency = latency;
         self.active += 1;
         for &l in path {
-            self.links[l as usize].flows.push(id);
+            let link = &mut self.links[l as usize];
+            if link.flows.is_empty() {
+                link.busy.open(now);
+            }
+            link.flows.push(id);
         }
         self.reshare(now, path.iter().copied());
         id
@@ -227,7 +260,12 @@ impl Flows {
         let (links, len) = (f.links, f.len as usize);
         self.active -= 1;
         for &l in &links[..len] {
-            self.links[l as usize].flows.retain(|&g| g != id);
+            let link = &mut self.links[l as usize];
+            let had = !link.flows.is_empty();
+            link.flows.retain(|&g| g != id);
+            if had && link.flows.is_empty() {
+                link.busy.close(now);
+            }
         }
         self.free.push(id);
         self.reshare(now, links[..len].iter().copied());

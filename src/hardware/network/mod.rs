@@ -47,11 +47,17 @@
 //! while a 1 GiB load occupies a link therefore arrives within about twice its transmission
 //! time plus the path's latency (tested).
 //!
+//! **What the links carried.** Every transfer says what it is for (a load, a store write, a
+//! replica, a demotion, a message); the network counts its bytes on each kind of link it
+//! crosses and the time each link had a transfer on it ([`LinkLoad`]; the rules are in the
+//! `load` module's doc).
+//!
 //! **Determinism.** Rates are `f64` computed by the same operations in the same order on
 //! every machine (no fused or library math), flows are visited in a fixed order, and finish
 //! times are rounded up to whole nanoseconds.
 
 mod flows;
+mod load;
 #[cfg(test)]
 pub(crate) mod tests;
 
@@ -59,6 +65,8 @@ use super::{HardwareSpec, LinkSpec, Place, RemoteKvPath};
 use crate::units::Nanos;
 use flows::Flows;
 pub use flows::{FlowId, Reschedule};
+use load::LinkRole;
+pub use load::{LinkKind, LinkLoad, Purpose};
 
 /// Largest transfer that crosses its path at its fair share at once instead of joining the
 /// share as a flow: 64 KiB.
@@ -87,22 +95,12 @@ impl Shape {
     }
 }
 
-/// Byte counters per kind of link, for results: a transfer counts once per kind it crosses.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LinkBytes {
-    pub network: u64,
-    pub pcie: u64,
-    pub nvlink: u64,
-    pub ssd: u64,
-}
-
-/// The links a transfer crosses, with its latency and what it counts.
+/// The links a transfer crosses, with its latency.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Path {
     links: [u32; MAX_PATH],
     len: usize,
     latency: Nanos,
-    counts: LinkBytes,
 }
 
 impl Path {
@@ -111,7 +109,6 @@ impl Path {
             links: [0; MAX_PATH],
             len: 0,
             latency: Nanos::ZERO,
-            counts: LinkBytes::default(),
         }
     }
 
@@ -141,7 +138,11 @@ pub enum Transfer {
 pub struct Network {
     spec: Shape,
     flows: Flows,
-    totals: LinkBytes,
+    /// Each link's kind and what of it counts ([`load`]).
+    roles: Vec<LinkRole>,
+    /// Bytes by kind of link and purpose, and by purpose once per transfer ([`LinkLoad`]).
+    bytes: [[u64; 5]; 7],
+    moved: [u64; 5],
 }
 
 #[derive(Clone, Copy)]
@@ -157,7 +158,7 @@ impl Network {
     /// exchange activations host to host.
     pub fn fabric(nodes: u32, link: LinkSpec) -> Network {
         let capacities = vec![link.achievable(); 2 * (nodes as usize + 1)];
-        Network {
+        let mut network = Network {
             spec: Shape {
                 nodes,
                 gpus_per_node: 0,
@@ -169,8 +170,12 @@ impl Network {
                 memory: false,
             },
             flows: Flows::new(capacities),
-            totals: LinkBytes::default(),
-        }
+            roles: Vec::new(),
+            bytes: [[0; 5]; 7],
+            moved: [0; 5],
+        };
+        network.roles = network.link_roles();
+        network
     }
 
     pub fn new(spec: &HardwareSpec) -> Network {
@@ -192,7 +197,7 @@ impl Network {
             caps.push(drives * spec.ssd.read_bandwidth_per_drive);
             caps.push(drives * spec.ssd.write_bandwidth_per_drive);
         }
-        Network {
+        let mut network = Network {
             spec: Shape {
                 nodes: spec.nodes,
                 gpus_per_node: spec.gpus_per_node,
@@ -204,8 +209,47 @@ impl Network {
                 memory: true,
             },
             flows: Flows::new(caps),
-            totals: LinkBytes::default(),
+            roles: Vec::new(),
+            bytes: [[0; 5]; 7],
+            moved: [0; 5],
+        };
+        network.roles = network.link_roles();
+        network
+    }
+
+    /// Every link's role, in the layout's order.
+    fn link_roles(&self) -> Vec<LinkRole> {
+        let role = |kind, counts_bytes, counts_busy| LinkRole {
+            kind,
+            counts_bytes,
+            counts_busy,
+        };
+        let nics = self.spec.nodes as usize * self.spec.nics_per_node as usize;
+        let gpus = self.spec.total_gpus() as usize;
+        let mut roles = Vec::new();
+        for side in 0..2 * (nics + 1) {
+            // Transmit sides count the bytes; the frontend's NIC (last) is not a node's.
+            roles.push(role(LinkKind::Nic, side % 2 == 0, side < 2 * nics));
         }
+        if !self.spec.memory {
+            return roles;
+        }
+        for side in 0..2 * gpus {
+            // Up (GPU to host) then down, per GPU (see `end_links`).
+            let kind = [LinkKind::PcieToHost, LinkKind::PcieToGpu][side % 2];
+            roles.push(role(kind, true, true));
+        }
+        for side in 0..2 * gpus {
+            roles.push(role(LinkKind::Nvlink, side % 2 == 0, true));
+        }
+        for _ in 0..self.spec.nodes {
+            roles.push(role(LinkKind::Dram, true, true));
+        }
+        for _ in 0..self.spec.nodes {
+            roles.push(role(LinkKind::SsdRead, true, true));
+            roles.push(role(LinkKind::SsdWrite, true, true));
+        }
+        roles
     }
 
     /// The NIC a place uses to talk to `peer`: a GPU uses NIC `gpu mod nics` (Polaris: GPUs
@@ -262,7 +306,6 @@ impl Network {
                 let g = self.gpu_index(node, gpu);
                 path.push(self.pcie_base() + 2 * g + (!out) as usize);
                 path.latency += self.spec.pcie_latency;
-                path.counts.pcie = 1;
             }
             Place::Host { node } if self.spec.memory => path.push(self.dram(node)),
             _ => {}
@@ -278,7 +321,6 @@ impl Network {
                 path.push(self.nic_link(from, to, Dir::Tx));
                 path.push(self.nic_link(to, from, Dir::Rx));
                 path.latency += self.spec.inter_node_latency;
-                path.counts.network = 1;
                 self.end_links(to, false, &mut path);
             }
             _ => match (from, to) {
@@ -287,7 +329,6 @@ impl Network {
                     path.push(base + 2 * self.gpu_index(node, g1));
                     path.push(base + 2 * self.gpu_index(node, g2) + 1);
                     path.latency += self.spec.nvlink_latency;
-                    path.counts.nvlink = 1;
                 }
                 (Place::Gpu { .. }, Place::Host { .. })
                 | (Place::Host { .. }, Place::Gpu { .. }) => {
@@ -301,8 +342,15 @@ impl Network {
         path
     }
 
-    /// Moves `bytes` from `from` to `to`, starting at `now`.
-    pub fn transfer(&mut self, now: Nanos, from: Place, to: Place, bytes: u64) -> Transfer {
+    /// Moves `bytes` from `from` to `to` for `purpose`, starting at `now`.
+    pub fn transfer(
+        &mut self,
+        now: Nanos,
+        from: Place,
+        to: Place,
+        bytes: u64,
+        purpose: Purpose,
+    ) -> Transfer {
         if !self.valid(from) || !self.valid(to) {
             // Places come from the host's own actor table; out of range is a bug upstream.
             debug_assert!(
@@ -311,8 +359,17 @@ impl Network {
             );
             return Transfer::At(now);
         }
+        self.moved[purpose as usize] += bytes;
         let path = self.path(from, to);
-        self.start(now, &path, bytes)
+        self.start(now, &path, bytes, purpose)
+    }
+
+    /// The second leg of a load staged hop after hop (see [`Network::load`]): `bytes` from
+    /// the reader's host memory `from` on to `to`; the load's bytes were counted as moved
+    /// when it started.
+    pub fn onward(&mut self, now: Nanos, from: Place, to: Place, bytes: u64) -> Transfer {
+        let path = self.path(from, to);
+        self.start(now, &path, bytes, Purpose::Load)
     }
 
     /// Reads `bytes` from `node`'s SSDs and streams them to `to` through a bounce buffer in
@@ -320,7 +377,8 @@ impl Network {
     /// cluster has no SSDs there.
     pub fn ssd_read(&mut self, now: Nanos, node: u32, to: Place, bytes: u64) -> Option<Transfer> {
         let (path, _) = self.ssd_read_path(node, to, RemoteKvPath::Gpudirect)?;
-        Some(self.start(now, &path, bytes))
+        self.moved[Purpose::Load as usize] += bytes;
+        Some(self.start(now, &path, bytes, Purpose::Load))
     }
 
     /// How long moving `bytes` from `from` (its host memory, or its node's SSDs when `ssd`)
@@ -376,7 +434,6 @@ impl Network {
                     path.push(l as usize);
                 }
                 path.latency += onward.latency;
-                path.counts.pcie = onward.counts.pcie;
                 (path, None)
             }
         }
@@ -407,7 +464,8 @@ impl Network {
         } else {
             self.load_legs(from, to, staging)
         };
-        Some((self.start(now, &path, bytes), stage))
+        self.moved[Purpose::Load as usize] += bytes;
+        Some((self.start(now, &path, bytes, Purpose::Load), stage))
     }
 
     /// The links of an SSD read on `node` streamed to `to` (see [`Network::ssd_read`]), its
@@ -423,19 +481,14 @@ impl Network {
         }
         let (onward, stage) = self.load_legs(Place::Host { node }, to, staging);
         let mut path = Path::new();
+        // Written into the bounce buffer, then read from it onward (the onward path starts
+        // at this node's DRAM) unless it stays in this node's memory.
         path.push(self.ssd_link(node, false));
-        if onward.len == 0 {
-            // Into the server's own memory.
-            path.push(self.dram(node));
-        }
+        path.push(self.dram(node));
         for &l in onward.links() {
             path.push(l as usize);
         }
         path.latency = onward.latency + self.spec.ssd_latency;
-        path.counts = LinkBytes {
-            ssd: 1,
-            ..onward.counts
-        };
         Some((path, stage))
     }
 
@@ -448,21 +501,22 @@ impl Network {
         path.push(self.dram(node));
         path.push(self.ssd_link(node, true));
         path.latency = self.spec.ssd_latency;
-        path.counts.ssd = 1;
-        Some(self.start(now, &path, bytes))
+        self.moved[Purpose::Demotion as usize] += bytes;
+        Some(self.start(now, &path, bytes, Purpose::Demotion))
     }
 
-    fn start(&mut self, now: Nanos, path: &Path, bytes: u64) -> Transfer {
-        let c = path.counts;
-        self.totals.network += c.network * bytes;
-        self.totals.pcie += c.pcie * bytes;
-        self.totals.nvlink += c.nvlink * bytes;
-        self.totals.ssd += c.ssd * bytes;
+    fn start(&mut self, now: Nanos, path: &Path, bytes: u64, purpose: Purpose) -> Transfer {
+        for &l in path.links() {
+            let role = self.roles[l as usize];
+            if role.counts_bytes {
+                self.bytes[role.kind as usize][purpose as usize] += bytes;
+            }
+        }
         if path.len == 0 {
             return Transfer::At(now + path.latency);
         }
         if bytes <= MICE_BYTES {
-            return Transfer::At(self.flows.mouse(now, path.links(), bytes) + path.latency);
+            return Transfer::At(self.flows.send_mouse(now, path.links(), bytes) + path.latency);
         }
         Transfer::Flow(self.flows.start(now, path.links(), bytes, path.latency))
     }
@@ -498,7 +552,36 @@ impl Network {
         }
     }
 
-    pub fn totals(&self) -> LinkBytes {
-        self.totals
+    /// What the links carried from time 0 to `end` (the run's last event).
+    pub fn link_load(&self, end: Nanos) -> LinkLoad {
+        let mut load = LinkLoad {
+            bytes: self.bytes,
+            moved: self.moved,
+            span: end,
+            ..LinkLoad::default()
+        };
+        let mut sides = [0u32; 7];
+        let mut busy = [0u64; 7];
+        for (l, role) in self.roles.iter().enumerate() {
+            if !role.counts_busy {
+                continue;
+            }
+            let k = role.kind as usize;
+            let b = self.flows.busy(l, end);
+            sides[k] += 1;
+            busy[k] += b;
+            if end.0 > 0 {
+                load.busiest[k] = load.busiest[k].max(b as f64 / end.0 as f64);
+            }
+        }
+        for k in 0..7 {
+            if sides[k] > 0 && end.0 > 0 {
+                load.busy[k] = busy[k] as f64 / sides[k] as f64 / end.0 as f64;
+            }
+            // NICs and NVLink ports have two sides each.
+            let two_sided = matches!(LinkKind::ALL[k], LinkKind::Nic | LinkKind::Nvlink);
+            load.links[k] = if two_sided { sides[k] / 2 } else { sides[k] };
+        }
+        load
     }
 }

@@ -85,7 +85,7 @@ fn run(net: &mut Network, transfers: &[T]) -> Vec<Nanos> {
         let now = Nanos(at);
         if kind == 1 {
             let started = match transfers[who as usize] {
-                T::Send(_, from, to, bytes) => net.transfer(now, from, to, bytes),
+                T::Send(_, from, to, bytes) => net.transfer(now, from, to, bytes, Purpose::Message),
                 T::SsdRead(_, node, to, bytes) => net.ssd_read(now, node, to, bytes).unwrap(),
                 T::Nics(_, node, factor, until) => {
                     net.set_nics(now, node, factor, Nanos(until));
@@ -128,8 +128,10 @@ fn a_transfer_costs_bytes_over_its_bottleneck_plus_path_latency() {
     let mut net = Network::new(&cluster(2));
     let t = run(&mut net, &[T::Send(0, H0, G10, MB)]);
     assert_eq!(t, [Nanos(1_000_000 + NET + 1_000)]);
-    assert_eq!(net.totals().network, MB);
-    assert_eq!(net.totals().pcie, MB);
+    let load = net.link_load(Nanos(1));
+    assert_eq!(load.kind_bytes(LinkKind::Nic), MB);
+    assert_eq!(load.kind_bytes(LinkKind::PcieToGpu), MB);
+    assert_eq!(load.kind_bytes(LinkKind::Dram), MB);
 }
 
 #[test]
@@ -207,8 +209,11 @@ fn ssd_reads_stream_to_the_reader() {
     // (store-and-forward would take 20 ms), plus SSD, network and PCIe latency.
     let t = run(&mut net, &[T::SsdRead(0, 0, G10, 10 * MB)]);
     assert_eq!(t, [Nanos(10_000_000 + 10_000 + NET + 1_000)]);
-    assert_eq!(net.totals().ssd, 10 * MB);
-    assert_eq!(net.totals().network, 10 * MB);
+    let load = net.link_load(Nanos(1));
+    assert_eq!(load.of(LinkKind::SsdRead, Purpose::Load), 10 * MB);
+    assert_eq!(load.of(LinkKind::Nic, Purpose::Load), 10 * MB);
+    // Written into the bounce buffer and read from it.
+    assert_eq!(load.of(LinkKind::Dram, Purpose::Load), 20 * MB);
     // Into its own node's memory (a promotion) only the SSD and DRAM are crossed.
     let t = run(&mut net, &[T::SsdRead(0, 0, H0, MB)]);
     assert_eq!(t, [Nanos(1_000_000 + 10_000)]);
@@ -248,7 +253,7 @@ fn same_place_is_free_and_intra_node_uses_nvlink_or_pcie() {
     let g0 = Place::Gpu { node: 0, gpu: 0 };
     let g1 = Place::Gpu { node: 0, gpu: 1 };
     assert_eq!(
-        net.transfer(Nanos(5), g0, g0, 1 << 20),
+        net.transfer(Nanos(5), g0, g0, 1 << 20, Purpose::Message),
         Transfer::At(Nanos(5))
     );
     let t = run(
@@ -257,8 +262,59 @@ fn same_place_is_free_and_intra_node_uses_nvlink_or_pcie() {
     );
     // NVLink at 100 GB/s; host to GPU at PCIe's 10 GB/s (DRAM 100 GB/s).
     assert_eq!(t, [Nanos(1_000_000 + 500), Nanos(1_000_000 + 1_000)]);
-    assert_eq!(net.totals().nvlink, 100 * MB);
-    assert_eq!(net.totals().pcie, 10 * MB);
+    let load = net.link_load(Nanos(1));
+    assert_eq!(load.kind_bytes(LinkKind::Nvlink), 100 * MB);
+    assert_eq!(load.kind_bytes(LinkKind::PcieToGpu), 10 * MB);
+    assert_eq!(load.kind_bytes(LinkKind::PcieToHost), 0);
+}
+
+#[test]
+fn link_load_counts_bytes_by_kind_and_purpose_and_the_time_links_were_busy() {
+    let mut net = Network::new(&cluster(2));
+    // 1 MB from node 0's memory into a GPU of node 1, at the NICs' 1 GB/s: 1 ms of busy
+    // time on node 0's transmit side and node 1's receive side and the reader's PCIe.
+    let Transfer::Flow(f) = net.transfer(Nanos::ZERO, H0, G10, MB, Purpose::Load) else {
+        panic!("a flow");
+    };
+    let r: Vec<Reschedule> = net.reschedules().collect();
+    assert_eq!(r[0].at, Nanos(1_000_000));
+    net.finish(r[0].at, f, r[0].version).unwrap();
+    // Two small messages of 1,000 bytes (1 us each at 1 GB/s) overlapping by half: 1.5 us.
+    net.transfer(Nanos(2_000_000), H0, H1, 1_000, Purpose::Message);
+    net.transfer(Nanos(2_000_500), H0, H1, 1_000, Purpose::Message);
+    // A store write of 2 MB, GPU to own host memory, and a demotion of 3 MB.
+    net.transfer(Nanos(3_000_000), G10, H1, 2 * MB, Purpose::Store);
+    net.ssd_write(Nanos(3_000_000), 1, 3 * MB);
+    // Over 4 ms (the store write and demotion still on their links at the end).
+    let end = Nanos(4_000_000);
+    let l = net.link_load(end);
+    assert_eq!(l.of(LinkKind::Nic, Purpose::Load), MB);
+    assert_eq!(l.of(LinkKind::Nic, Purpose::Message), 2_000);
+    assert_eq!(l.of(LinkKind::Dram, Purpose::Load), MB);
+    assert_eq!(l.of(LinkKind::Dram, Purpose::Message), 4_000);
+    assert_eq!(l.of(LinkKind::PcieToGpu, Purpose::Load), MB);
+    assert_eq!(l.of(LinkKind::PcieToHost, Purpose::Store), 2 * MB);
+    assert_eq!(l.of(LinkKind::Dram, Purpose::Store), 2 * MB);
+    assert_eq!(l.of(LinkKind::Dram, Purpose::Demotion), 3 * MB);
+    assert_eq!(l.of(LinkKind::SsdWrite, Purpose::Demotion), 3 * MB);
+    assert_eq!(l.moved, [MB, 2 * MB, 0, 3 * MB, 2_000]);
+    // Two nodes, one NIC each: 4 sides (the frontend's are left out), each of the two used
+    // busy 1 ms + 1.5 us.
+    assert_eq!(l.links[LinkKind::Nic as usize], 2);
+    let side = 1_001_500.0 / 4e6;
+    assert_eq!(l.busiest[LinkKind::Nic as usize], side);
+    assert_eq!(l.busy[LinkKind::Nic as usize], 2.0 * side / 4.0);
+    // Four GPUs: one PCIe link to the GPU busy 1 ms, one to the host busy 1 ms to the end.
+    assert_eq!(l.links[LinkKind::PcieToGpu as usize], 4);
+    assert_eq!(l.busy[LinkKind::PcieToGpu as usize], 0.25 / 4.0);
+    assert_eq!(l.busiest[LinkKind::PcieToHost as usize], 0.25);
+    // Node 1's SSD writes from 3 ms to the end; node 0's never.
+    assert_eq!(l.busy[LinkKind::SsdWrite as usize], 0.125);
+    assert_eq!(
+        l.rate_per_link(LinkKind::Nic),
+        (MB + 2_000) as f64 / 4e-3 / 2.0
+    );
+    assert_eq!(l.rate_per_link(LinkKind::SsdRead), 0.0);
 }
 
 #[test]
@@ -354,8 +410,8 @@ fn stopping_once_every_flow_is_fixed_changes_no_rate_and_no_reschedule() {
                     every.ssd_read(now, owner, reader, bytes).unwrap();
                 } else {
                     let from = Place::Host { node: owner };
-                    early.transfer(now, from, reader, bytes);
-                    every.transfer(now, from, reader, bytes);
+                    early.transfer(now, from, reader, bytes, Purpose::Load);
+                    every.transfer(now, from, reader, bytes, Purpose::Load);
                 }
             }
             let a: Vec<Reschedule> = early.reschedules().collect();
@@ -421,7 +477,7 @@ fn random_flows(cases: usize, stamp: Option<u32>) {
                 if rng.below(4) == 0 {
                     net.ssd_read(now, rng.below(4) as u32, to, MB).unwrap();
                 } else {
-                    net.transfer(now, from, to, MB);
+                    net.transfer(now, from, to, MB, Purpose::Message);
                 }
             }
             for r in net.reschedules() {
@@ -443,7 +499,7 @@ fn an_estimate_is_the_transfer_at_the_share_it_would_get_now() {
         .unwrap();
     assert_eq!(alone, Nanos(1_000_000 + NET + 1_000));
     assert_eq!(run(&mut net, &[T::Send(0, H0, G10, MB)]), [alone]);
-    let busy = net.transfer(Nanos::ZERO, H0, H1, 100 * MB);
+    let busy = net.transfer(Nanos::ZERO, H0, H1, 100 * MB, Purpose::Message);
     assert!(matches!(busy, Transfer::Flow(_)));
     let shared = net
         .estimate(Nanos::ZERO, H0, G10, false, MB, RemoteKvPath::Gpudirect)

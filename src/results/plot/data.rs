@@ -11,6 +11,7 @@
 
 use std::path::Path;
 
+use crate::hardware::network::{LinkKind, Purpose};
 use crate::metrics::{RequestRecord, Tier};
 
 use super::table::{NON_NEGATIVE, RATIO, Table};
@@ -37,6 +38,73 @@ pub struct SummaryRow {
     /// KV bytes loaded from each store tier (`loaded_<tier>_bytes`, zero when absent), in
     /// [`Tier::ALL`] order without the GPU.
     pub loaded_bytes: [u64; Tier::ALL.len() - 1],
+    /// What the links carried, when the run modelled them (the link columns are present and
+    /// filled).
+    pub links: Option<LinkRow>,
+}
+
+/// The link columns of one row of `summary.csv` (see [`crate::metrics::write`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LinkRow {
+    /// Per kind of link ([`LinkKind::ALL`] order): the bytes that crossed it (all purposes),
+    /// the mean fraction of the run its links were busy, and its busiest link's.
+    pub bytes: [u64; 7],
+    pub busy: [f64; 7],
+    pub busiest: [f64; 7],
+    /// Bytes moved per purpose ([`Purpose::ALL`] order), once per transfer.
+    pub moved: [u64; 5],
+}
+
+/// The columns of [`LinkRow`]'s figures, when `summary.csv` has all of them: per kind its
+/// purposes' byte columns, busy and busiest; then the moved bytes' columns.
+struct LinkColumns {
+    bytes: Vec<[usize; 5]>,
+    busy: Vec<[usize; 2]>,
+    moved: [usize; 5],
+}
+
+impl LinkColumns {
+    fn find(t: &Table) -> Option<LinkColumns> {
+        let col = |name: String| t.optional_column(&name);
+        let mut bytes = Vec::new();
+        let mut busy = Vec::new();
+        for k in LinkKind::ALL {
+            let mut b = [0; 5];
+            for (slot, p) in b.iter_mut().zip(Purpose::ALL) {
+                *slot = col(format!("{}_{}_bytes", k.name(), p.name()))?;
+            }
+            bytes.push(b);
+            busy.push([
+                col(format!("{}_busy_ratio", k.name()))?,
+                col(format!("{}_busiest_ratio", k.name()))?,
+            ]);
+        }
+        let mut moved = [0; 5];
+        for (slot, p) in moved.iter_mut().zip(Purpose::ALL) {
+            *slot = col(format!("moved_{}_bytes", p.name()))?;
+        }
+        Some(LinkColumns { bytes, busy, moved })
+    }
+
+    /// The row's link figures; `None` when its link cells are empty (a live run).
+    fn read(&self, t: &Table, rec: &csv::StringRecord) -> Result<Option<LinkRow>, PlotError> {
+        if rec.get(self.moved[0]).is_none_or(str::is_empty) {
+            return Ok(None);
+        }
+        let mut row = LinkRow::default();
+        for k in 0..LinkKind::ALL.len() {
+            for &col in &self.bytes[k] {
+                let b: u64 = t.parse(rec, col, "a byte count")?;
+                row.bytes[k] = row.bytes[k].saturating_add(b);
+            }
+            row.busy[k] = t.number(rec, self.busy[k][0], "a ratio", RATIO)?;
+            row.busiest[k] = t.number(rec, self.busy[k][1], "a ratio", RATIO)?;
+        }
+        for (slot, &col) in row.moved.iter_mut().zip(&self.moved) {
+            *slot = t.parse(rec, col, "a byte count")?;
+        }
+        Ok(Some(row))
+    }
 }
 
 impl SummaryRow {
@@ -323,9 +391,14 @@ fn read_summary(path: &Path) -> Result<Vec<SummaryRow>, PlotError> {
         .iter()
         .map(|tier| t.optional_column(&format!("loaded_{}_bytes", tier.name())))
         .collect();
+    let link_columns = LinkColumns::find(&t);
     let mut rows = Vec::new();
     let mut rec = csv::StringRecord::new();
     while reader.read_record(&mut rec).map_err(|e| t.csv_error(e))? {
+        let links = match &link_columns {
+            Some(c) => c.read(&t, &rec)?,
+            None => None,
+        };
         let mut reused_tokens = [0u64; Tier::ALL.len()];
         for (slot, &col) in reused_tokens.iter_mut().zip(&tiers) {
             *slot = t.parse(&rec, col, "a token count")?;
@@ -370,6 +443,7 @@ fn read_summary(path: &Path) -> Result<Vec<SummaryRow>, PlotError> {
             prefix_hit_ratio: t.number(&rec, hit, "a ratio", RATIO)?,
             reused_tokens,
             loaded_bytes,
+            links,
         });
         if rows.last().is_some_and(|r| r.policy.is_empty()) {
             return Err(t.bad(t.line(&rec), "empty policy name".into()));

@@ -43,7 +43,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 pub use data::{
-    Latencies, MAX_TPS_LENGTHS, Results, SummaryRow, TpsPoint, TpsSeries, is_pipeline,
+    Latencies, LinkRow, MAX_TPS_LENGTHS, Results, SummaryRow, TpsPoint, TpsSeries, is_pipeline,
     median_tps_by_length, run_name,
 };
 pub use report::report_markdown;

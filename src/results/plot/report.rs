@@ -10,6 +10,7 @@
 use std::fmt::Write;
 
 use super::data::{Results, SummaryRow, TpsPoint, TpsSeries};
+use crate::hardware::network::{LinkKind, Purpose};
 
 /// A string, integer, float or boolean found at `path` (dotted keys) in `v`, as text.
 fn get(v: &toml::Value, path: &str) -> Option<String> {
@@ -253,6 +254,7 @@ pub fn report_markdown(r: &Results) -> String {
     push_scenario(&mut s, r);
     push_summary_table(&mut s, r);
     push_winners(&mut s, r);
+    push_links(&mut s, r);
     if let Some(series) = &r.tps_output {
         push_tps_sentences(&mut s, series);
     }
@@ -299,6 +301,65 @@ fn push_summary_table(s: &mut String, r: &Results) {
         );
     }
     s.push('\n');
+}
+
+/// Appends the `## Links` tables, when rows of the summary have link figures: per kind of
+/// link, what it carried and how busy it was; per purpose, the bytes moved.
+fn push_links(s: &mut String, r: &Results) {
+    let rows: Vec<(&SummaryRow, &super::LinkRow)> = r
+        .summary
+        .iter()
+        .filter_map(|row| Some((row, row.links.as_ref()?)))
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    let gb = |b: u64| format!("{:.2}", b as f64 / 1e9);
+    // Kinds no row used (no SSD, no NVLink traffic) are left out.
+    let kinds: Vec<usize> = (0..LinkKind::ALL.len())
+        .filter(|&k| rows.iter().any(|(_, l)| l.bytes[k] > 0))
+        .collect();
+    s.push_str(
+        "\n## Links\n\nWhat each kind of link carried over the run, in GB, and how busy it was: \
+         the mean over its links of the fraction of the run they had a transfer on them, and \
+         the busiest link's.\n\n| policy |",
+    );
+    for &k in &kinds {
+        let _ = write!(s, " {} |", LinkKind::ALL[k].label());
+    }
+    s.push_str("\n|---|");
+    s.push_str(&"---:|".repeat(kinds.len()));
+    s.push('\n');
+    for (row, l) in &rows {
+        let _ = write!(s, "| {} |", row.label());
+        for &k in &kinds {
+            let _ = write!(
+                s,
+                " {} GB, {:.1} % (max {:.1} %) |",
+                gb(l.bytes[k]),
+                100.0 * l.busy[k],
+                100.0 * l.busiest[k]
+            );
+        }
+        s.push('\n');
+    }
+    s.push_str(
+        "\nBytes moved per purpose, in GB (each transfer once, whatever links it crossed):\n\n\
+         | policy |",
+    );
+    for p in Purpose::ALL {
+        let _ = write!(s, " {} |", p.name());
+    }
+    s.push_str("\n|---|");
+    s.push_str(&"---:|".repeat(Purpose::ALL.len()));
+    s.push('\n');
+    for (row, l) in &rows {
+        let _ = write!(s, "| {} |", row.label());
+        for &b in &l.moved {
+            let _ = write!(s, " {} |", gb(b));
+        }
+        s.push('\n');
+    }
 }
 
 /// Appends, per sweep point (a single group without sweeps), which policy has the lowest TTFT
@@ -398,6 +459,7 @@ mod tests {
             prefix_hit_ratio: 0.0,
             reused_tokens: [0; 5],
             loaded_bytes: [0; 4],
+            links: None,
         }
     }
 
@@ -424,6 +486,43 @@ mod tests {
         let mut c = c;
         c.completed = 0;
         assert!(winner_sentence(&[&b, &c], "TTFT p50", |r| r.ttft_p50_ms).is_none());
+    }
+
+    #[test]
+    fn the_links_tables_show_the_kinds_a_run_used_and_the_bytes_per_purpose() {
+        let mut r = Results {
+            summary: vec![row("vanilla", 1.0, 2.0), row("ptstore", 1.0, 2.0)],
+            latencies: Vec::new(),
+            scenario: None,
+            tps_output: None,
+        };
+        let mut s = String::new();
+        push_links(&mut s, &r);
+        assert_eq!(s, "", "no link figures, no section");
+        let mut l = super::super::LinkRow::default();
+        l.bytes[LinkKind::Nic as usize] = 2_500_000_000;
+        l.busy[LinkKind::Nic as usize] = 0.125;
+        l.busiest[LinkKind::Nic as usize] = 0.5;
+        l.bytes[LinkKind::Dram as usize] = 10_000_000;
+        l.moved = [2_000_000_000, 0, 500_000_000, 0, 1_000];
+        r.summary[1].links = Some(l);
+        push_links(&mut s, &r);
+        assert!(
+            s.contains("| policy | NIC | host DRAM |\n|---|---:|---:|\n"),
+            "{s}"
+        );
+        assert!(
+            s.contains("| ptstore | 2.50 GB, 12.5 % (max 50.0 %) | 0.01 GB, 0.0 % (max 0.0 %) |"),
+            "{s}"
+        );
+        assert!(
+            s.contains("| ptstore | 2.00 | 0.00 | 0.50 | 0.00 | 0.00 |"),
+            "{s}"
+        );
+        assert!(
+            !s.contains("| vanilla"),
+            "a row without link figures is left out: {s}"
+        );
     }
 
     #[test]

@@ -24,6 +24,8 @@ pub(super) struct Net<'a, M> {
     pub(super) places: &'a [Place],
     /// Memory losses of the run (node crashes, store restarts).
     pub(super) losses: &'a [MemoryLoss],
+    /// What each message is for.
+    pub(super) purpose: fn(&M) -> Purpose,
 }
 
 impl<M> Net<'_, M> {
@@ -54,7 +56,7 @@ impl<M> Net<'_, M> {
                 // The first leg's flow ended now; its latency (`at - now`) is added to the
                 // second leg's arrival rather than delaying its start.
                 let now = kernel.now();
-                let t = self.network.transfer(now, from, to, bytes);
+                let t = self.network.onward(now, from, to, bytes);
                 self.on(kernel, t, *then, extra + (at - now));
             }
             After::Nothing => {}
@@ -71,7 +73,10 @@ impl<M> Net<'_, M> {
         }
         let from = self.places[p.from.0 as usize];
         let dest = self.places[p.to.0 as usize];
-        let t = self.network.transfer(at, from, dest, p.payload_bytes);
+        let purpose = (self.purpose)(&p.msg);
+        let t = self
+            .network
+            .transfer(at, from, dest, p.payload_bytes, purpose);
         self.on(kernel, t, After::Deliver(p.to, p.msg), Nanos::ZERO);
     }
 

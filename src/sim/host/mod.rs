@@ -39,7 +39,7 @@ use std::collections::HashMap;
 use crate::actor::{Actor, ActorId, Context, Hot, Medium, Then, Work};
 use crate::cpu::prefetch;
 use crate::hardware::Place;
-use crate::hardware::network::{FlowId, LinkBytes, MICE_BYTES, Network, Transfer};
+use crate::hardware::network::{FlowId, LinkLoad, MICE_BYTES, Network, Purpose, Transfer};
 use crate::metrics::Report;
 use crate::rng::{Stream, streams};
 use crate::sim::kernel::{Kernel, Limits, SimError};
@@ -183,6 +183,8 @@ pub struct SimHost<M> {
     arrivals: Vec<Option<OnArrival<M>>>,
     /// Events handled by actors (the others are network events).
     actor_events: u64,
+    /// What each message is for ([`SimHost::set_purpose`]).
+    purpose: fn(&M) -> Purpose,
 }
 
 /// An actor and what the host reads of it at each of its events, in one 64-byte line: at
@@ -257,7 +259,8 @@ pub struct SimOutcome {
     /// bulk sends started later.
     pub network_events: u64,
     pub end: Nanos,
-    pub link_bytes: LinkBytes,
+    /// What the links carried ([`Network::link_load`] up to `end`).
+    pub links: LinkLoad,
 }
 
 impl<M> SimHost<M> {
@@ -279,6 +282,7 @@ impl<M> SimHost<M> {
             losses: Vec::new(),
             arrivals: Vec::new(),
             actor_events: 0,
+            purpose: |_| Purpose::Message,
         }
     }
 
@@ -380,6 +384,12 @@ impl<M> SimHost<M> {
         self.check_every = events;
     }
 
+    /// Says what each message is for, in the link counters ([`LinkLoad`]); by default every
+    /// message is [`Purpose::Message`]. Work says its own: fetches load, SSD writes demote.
+    pub fn set_purpose(&mut self, purpose: fn(&M) -> Purpose) {
+        self.purpose = purpose;
+    }
+
     pub fn set_fetch_overhead(&mut self, o: FetchOverhead) {
         self.fetch_overhead = o;
     }
@@ -451,6 +461,7 @@ impl<M> SimHost<M> {
                 arrivals: &mut self.arrivals,
                 places: &self.places,
                 losses: &self.losses,
+                purpose: self.purpose,
             };
             let msg = match event.msg {
                 Event::Flow { flow, version } => {
@@ -518,7 +529,7 @@ impl<M> SimHost<M> {
             events: self.actor_events,
             network_events: self.kernel.processed() - self.actor_events,
             end: self.kernel.now(),
-            link_bytes: self.network.totals(),
+            links: self.network.link_load(self.kernel.now()),
         })
     }
 }
