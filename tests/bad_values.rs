@@ -256,6 +256,8 @@ fn figures_end_even_on_infinite_and_nan_values() {
         reused_tokens: [1; 5],
         loaded_bytes: [1; 4],
         links: None,
+        gpu_hit_ratio: None,
+        gpu_optimal_hit_ratio: None,
     };
     let latencies = |policy: &str, v: f64| Latencies {
         policy: policy.into(),

@@ -34,8 +34,8 @@ fn a_runs_link_bytes_agree_with_what_its_requests_and_store_moved() {
         let loaded: u64 = sum.loaded_bytes.iter().sum();
         let remote = sum.loaded_bytes[Tier::RemoteHost as usize]
             + sum.loaded_bytes[Tier::RemoteSsd as usize];
-        let ssd = sum.loaded_bytes[Tier::LocalSsd as usize]
-            + sum.loaded_bytes[Tier::RemoteSsd as usize];
+        let ssd =
+            sum.loaded_bytes[Tier::LocalSsd as usize] + sum.loaded_bytes[Tier::RemoteSsd as usize];
         let store = sum.store.unwrap_or_default();
         assert_eq!(l.moved[Purpose::Load as usize], loaded, "{name}");
         assert_eq!(l.of(LinkKind::PcieToGpu, Purpose::Load), loaded, "{name}");

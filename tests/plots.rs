@@ -278,6 +278,8 @@ fn figures_draw_when_no_request_completed() {
         reused_tokens: [0; 5],
         loaded_bytes: [0; 4],
         links: None,
+        gpu_hit_ratio: None,
+        gpu_optimal_hit_ratio: None,
     };
     let r = Results {
         summary: vec![row],

@@ -263,6 +263,19 @@ pub struct Summary {
     /// What each kind of link carried and how busy it was, when the run models links (a
     /// simulation; a live run does not).
     pub links: Option<LinkLoad>,
+    /// The best hit ratio any GPU prefix cache could have reached on this run's sequence of
+    /// prompts (`crate::serving::optimal`), when computed.
+    pub gpu_optimal_hit_ratio: Option<f64>,
+}
+
+impl Summary {
+    /// Prompt tokens reused from the GPU's own prefix cache over prompt tokens.
+    pub fn gpu_hit_ratio(&self) -> f64 {
+        if self.prompt_tokens == 0 {
+            return 0.0;
+        }
+        self.reused_tokens[Tier::Gpu as usize] as f64 / self.prompt_tokens as f64
+    }
 }
 
 impl Summary {
@@ -343,6 +356,7 @@ impl Summary {
             store: report.store,
             events,
             links: None,
+            gpu_optimal_hit_ratio: None,
         }
     }
 

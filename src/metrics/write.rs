@@ -217,6 +217,8 @@ pub fn summary_header() -> Vec<String> {
         "store_replicas_evicted",
         "replication_bytes",
         "events",
+        "gpu_hit_ratio",
+        "gpu_optimal_hit_ratio",
     ]));
     h.extend(link_columns());
     h
@@ -266,6 +268,9 @@ pub fn write_summary<W: Write>(out: W, summaries: &[Summary]) -> Result<(), csv:
             st.stats.replicas_evicted.to_string(),
             st.replication_bytes.to_string(),
             s.events.to_string(),
+            format!("{:.6}", s.gpu_hit_ratio()),
+            s.gpu_optimal_hit_ratio
+                .map_or_else(String::new, |r| format!("{r:.6}")),
         ]);
         row.extend(link_fields(s.links.as_ref()));
         w.write_record(&row)?;

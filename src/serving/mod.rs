@@ -17,6 +17,7 @@ pub mod kv_routing;
 pub mod live;
 pub mod metadata;
 pub mod msg;
+pub mod optimal;
 pub mod outcome;
 pub mod policy;
 pub mod router;

@@ -112,7 +112,13 @@ pub fn simulate_watched(
     });
     // One pricing, shared by every instance's backend.
     let backend = s.batch_backend();
-    let (actors, targets) = actors(s, trace, policy, &mut |_| Box::new(backend.clone()), None);
+    let (actors, targets) = actors(
+        s,
+        trace.clone(),
+        policy,
+        &mut |_| Box::new(backend.clone()),
+        None,
+    );
     if s.serving.shared_device {
         let places: Vec<Place> = (0..s.instances()).map(|i| s.instance_place(i)).collect();
         host.share_device(&places);
@@ -124,8 +130,16 @@ pub fn simulate_watched(
         inject(s, &mut host, targets);
     }
     let outcome = host.run()?;
-    let summary =
+    let mut summary =
         Summary::new(policy.name(), &outcome.report, outcome.events).with_links(outcome.links);
+    let cfg = &s.serving.instance;
+    summary.gpu_optimal_hit_ratio = super::optimal::gpu_optimal_hit_ratio(
+        &trace,
+        &outcome.report.records,
+        s.instances(),
+        cfg.block_size,
+        cfg.num_blocks as u64 * cfg.block_size as u64,
+    );
     Ok(PolicyRun {
         policy: policy.clone(),
         report: outcome.report,

@@ -41,6 +41,10 @@ pub struct SummaryRow {
     /// What the links carried, when the run modelled them (the link columns are present and
     /// filled).
     pub links: Option<LinkRow>,
+    /// The GPU prefix cache's hit ratio, and the best any could have reached on the run's
+    /// prompts, when the columns are there and filled.
+    pub gpu_hit_ratio: Option<f64>,
+    pub gpu_optimal_hit_ratio: Option<f64>,
 }
 
 /// The link columns of one row of `summary.csv` (see [`crate::metrics::write`]).
@@ -392,6 +396,8 @@ fn read_summary(path: &Path) -> Result<Vec<SummaryRow>, PlotError> {
         .map(|tier| t.optional_column(&format!("loaded_{}_bytes", tier.name())))
         .collect();
     let link_columns = LinkColumns::find(&t);
+    let gpu_hit = t.optional_column("gpu_hit_ratio");
+    let gpu_optimal = t.optional_column("gpu_optimal_hit_ratio");
     let mut rows = Vec::new();
     let mut rec = csv::StringRecord::new();
     while reader.read_record(&mut rec).map_err(|e| t.csv_error(e))? {
@@ -399,6 +405,15 @@ fn read_summary(path: &Path) -> Result<Vec<SummaryRow>, PlotError> {
             Some(c) => c.read(&t, &rec)?,
             None => None,
         };
+        let ratio = |col: Option<usize>| -> Result<Option<f64>, PlotError> {
+            match col {
+                Some(col) if rec.get(col).is_some_and(|c| !c.is_empty()) => {
+                    Ok(Some(t.number(&rec, col, "a ratio", RATIO)?))
+                }
+                _ => Ok(None),
+            }
+        };
+        let (gpu_hit_ratio, gpu_optimal_hit_ratio) = (ratio(gpu_hit)?, ratio(gpu_optimal)?);
         let mut reused_tokens = [0u64; Tier::ALL.len()];
         for (slot, &col) in reused_tokens.iter_mut().zip(&tiers) {
             *slot = t.parse(&rec, col, "a token count")?;
@@ -444,6 +459,8 @@ fn read_summary(path: &Path) -> Result<Vec<SummaryRow>, PlotError> {
             reused_tokens,
             loaded_bytes,
             links,
+            gpu_hit_ratio,
+            gpu_optimal_hit_ratio,
         });
         if rows.last().is_some_and(|r| r.policy.is_empty()) {
             return Err(t.bad(t.line(&rec), "empty policy name".into()));

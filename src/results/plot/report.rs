@@ -281,13 +281,18 @@ fn push_summary_table(s: &mut String, r: &Results) {
     s.push_str("\n## Summary\n\n");
     s.push_str(
         "| policy | completed | TTFT p50 (ms) | TTFT p99 (ms) | TPOT p50 (ms) | E2E p50 (ms) \
-         | output tokens/s | requests/s | prefix hit |\n",
+         | output tokens/s | requests/s | prefix hit | GPU hit (best possible) |\n",
     );
-    s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for row in &r.summary {
+        let gpu = match (row.gpu_hit_ratio, row.gpu_optimal_hit_ratio) {
+            (Some(h), Some(o)) => format!("{:.1} % ({:.1} %)", 100.0 * h, 100.0 * o),
+            (Some(h), None) => format!("{:.1} %", 100.0 * h),
+            _ => "-".into(),
+        };
         let _ = writeln!(
             s,
-            "| {} | {}/{} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} | {:.2} | {:.1} % |",
+            "| {} | {}/{} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} | {:.2} | {:.1} % | {gpu} |",
             row.label(),
             row.completed,
             row.requests,
@@ -298,6 +303,17 @@ fn push_summary_table(s: &mut String, r: &Results) {
             row.output_tokens_per_s,
             row.throughput_rps,
             100.0 * row.prefix_hit_ratio
+        );
+    }
+    if r.summary
+        .iter()
+        .any(|row| row.gpu_optimal_hit_ratio.is_some())
+    {
+        s.push_str(
+            "\nGPU hit: prompt tokens reused from the instance's own GPU prefix cache; in \
+             parentheses, the best any eviction order could have reached with the instances' \
+             whole KV memory on the same prompts in the same order (Belady's rule, an upper \
+             bound: `src/serving/optimal.rs`).\n",
         );
     }
     s.push('\n');
@@ -460,6 +476,8 @@ mod tests {
             reused_tokens: [0; 5],
             loaded_bytes: [0; 4],
             links: None,
+            gpu_hit_ratio: None,
+            gpu_optimal_hit_ratio: None,
         }
     }
 
