@@ -238,3 +238,33 @@ fn deciding_to_recompute_rescues_the_slow_network_and_changes_nothing_on_a_fast_
         }
     }
 }
+
+/// "How loaded the links are": the NICs idle at Polaris, saturated behind one 25 Gb/s NIC
+/// until the store decides per request, and PTStore's replicas against the NIC bytes they save.
+#[test]
+fn the_links_idle_at_polaris_and_saturate_behind_one_25_gbit_nic() {
+    let s = Study::load("study_network");
+    let p =
+        |nics: u32, gbit: f64| format!("nic_bandwidth_gbit_per_s={gbit:.1} nics_per_node={nics}");
+    let (polaris, slow) = (p(2, 200.0), p(1, 25.0));
+    let evo = |point: &str, column: &str| s.get(point, "evostore", column);
+    assert!(evo(&polaris, "nic_gbyte_per_s") < 0.04 * 22.5);
+    assert!(evo(&polaris, "nic_busy_ratio") < 0.04);
+    assert!(evo(&polaris, "nic_busiest_ratio") < 0.05);
+    assert!(evo(&polaris, "dram_busy_ratio") > 3.0 * evo(&polaris, "nic_busy_ratio"));
+    assert!(evo(&slow, "nic_busy_ratio") > 0.75 && evo(&slow, "nic_busiest_ratio") > 0.85);
+    let faster = |column: &str| s.get(&slow, "evostore-when-faster", column);
+    assert!(faster("network_bytes") < 0.5 * evo(&slow, "network_bytes"));
+    assert!(faster("nic_busy_ratio") < 0.3);
+    for point in s.points() {
+        let replicas = s.get(&point, "ptstore", "moved_replication_bytes");
+        let saved = evo(&point, "nic_load_bytes") - s.get(&point, "ptstore", "nic_load_bytes");
+        assert!((1.5e11..2.1e11).contains(&replicas), "{point}: {replicas}");
+        assert!(saved > 1.0e11 && saved < replicas, "{point}: {saved}");
+        assert_eq!(
+            s.get(&point, "ptstore", "nic_replication_bytes"),
+            0.0,
+            "{point}"
+        );
+    }
+}
