@@ -31,7 +31,7 @@ fn all_presets() -> String {
 #[test]
 fn every_preset_resolves_and_its_printed_table_makes_it_again() {
     let s = with(&all_presets(), "").unwrap();
-    assert_eq!(s.policies.len(), 8);
+    assert_eq!(s.policies.len(), 9);
     for p in &s.policies {
         // The printed table, under another name, is the same composition.
         let printed = table(p);

@@ -45,6 +45,7 @@ fn every_bundled_scenario_validates() {
                 "lmcache",
                 "sglang-hicache",
                 "mooncake-store",
+                "dynamo-kvbm",
             ]
         } else if stem == "study_eviction" {
             &[

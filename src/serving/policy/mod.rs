@@ -15,6 +15,7 @@
 //! [`crate::serving::scenario`] and docs/scenarios.md); `meshsim check FILE` prints every
 //! policy's resolved table.
 
+mod dynamo_kvbm;
 mod evostore;
 mod lmcache;
 mod local_prefix;
@@ -107,6 +108,7 @@ pub const PRESETS: &[&str] = &[
     "lmcache",
     "sglang-hicache",
     "mooncake-store",
+    "dynamo-kvbm",
 ];
 
 /// What a preset's figures may depend on: the scenario's `[store]` table (the paper's
@@ -136,6 +138,7 @@ pub fn preset(name: &str, setting: &Setting) -> Option<Policy> {
         "vllm-offload" => vllm_offload::policy(setting),
         "lmcache" => lmcache::policy(setting),
         "sglang-hicache" => sglang_hicache::policy(setting),
+        "dynamo-kvbm" => dynamo_kvbm::policy(setting),
         "mooncake-store" => mooncake_store::policy(setting),
         _ => return None,
     };
