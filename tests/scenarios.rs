@@ -37,7 +37,8 @@ fn every_bundled_scenario_validates() {
         }
         // The paper's four, or the deployed systems beside vanilla (live_small_presets), or
         // one store's eviction orders and admissions (study_eviction), or the paper's four
-        // and its two stores deciding to load or recompute (study_network).
+        // and its two stores deciding to load or recompute (study_network; study_load adds
+        // two deployed systems).
         let want: &[&str] = if stem == "live_small_presets" {
             &[
                 "vanilla",
@@ -65,6 +66,17 @@ fn every_bundled_scenario_validates() {
                 "ptstore",
                 "evostore-when-faster",
                 "ptstore-when-faster",
+            ]
+        } else if stem == "study_load" {
+            &[
+                "vanilla",
+                "local-prefix",
+                "evostore",
+                "ptstore",
+                "evostore-when-faster",
+                "ptstore-when-faster",
+                "vllm-offload",
+                "mooncake-store",
             ]
         } else {
             &["vanilla", "local-prefix", "evostore", "ptstore"]

@@ -268,3 +268,53 @@ fn the_links_idle_at_polaris_and_saturate_behind_one_25_gbit_nic() {
         );
     }
 }
+
+/// "Load": the GPUs saturate before the NICs; PTStore's lead over EvoStore stays small with
+/// GPUDirect loads and grows when remote loads are staged through host memory, until the
+/// GPUs' queues dominate; deciding per request changes nothing at Polaris's NICs.
+#[test]
+fn under_load_the_gpus_saturate_first_and_staging_widens_ptstores_lead() {
+    let s = Study::load("study_load");
+    let p = |path: &str, rate: u32| format!("remote_kv_path={path} arrival_rate_per_s={rate}.0");
+    for path in ["gpudirect", "host-staged"] {
+        for rate in [16, 32, 64, 96, 128] {
+            let at = p(path, rate);
+            for store in ["evostore", "ptstore"] {
+                assert!(s.get(&at, store, "nic_busy_ratio") < 0.2, "{at} {store}");
+                assert!(
+                    s.get(&at, store, "nic_busiest_ratio") < 0.45,
+                    "{at} {store}"
+                );
+            }
+            let (p50, mean) = (
+                s.ratio(&at, "evostore", "ptstore", "p50"),
+                s.ratio(&at, "evostore", "ptstore", "mean"),
+            );
+            match (path, rate) {
+                ("gpudirect", _) => assert!((0.99..1.07).contains(&p50) && mean < 1.02, "{at}"),
+                (_, 128) => assert!(p50 < 1.05, "{at}: {p50}"),
+                _ => assert!(p50 > 1.10, "{at}: {p50}"),
+            }
+            let replicas = s.get(&at, "ptstore", "moved_replication_bytes");
+            let saved =
+                s.get(&at, "evostore", "nic_load_bytes") - s.get(&at, "ptstore", "nic_load_bytes");
+            assert!((1.8e11..2.0e11).contains(&replicas), "{at}: {replicas}");
+            assert!((1.2e11..1.7e11).contains(&saved), "{at}: {saved}");
+            if rate < 128 {
+                for (store, faster) in [
+                    ("evostore", "evostore-when-faster"),
+                    ("ptstore", "ptstore-when-faster"),
+                ] {
+                    for stat in ["ttft_p50_ms", "ttft_mean_ms"] {
+                        assert_eq!(s.get(&at, store, stat), s.get(&at, faster, stat), "{at}");
+                    }
+                }
+            }
+        }
+        let busy = p(path, 64);
+        assert!(s.get(&busy, "vanilla", "gpu_busy_ratio") > 0.9);
+        assert!(
+            s.get(&busy, "vanilla", "ttft_p50_ms") > 30.0 * s.get(&busy, "evostore", "ttft_p50_ms")
+        );
+    }
+}
