@@ -349,6 +349,35 @@ impl Experiment {
     }
 }
 
+/// The resolved figures of the GPU and the node, for `meshsim check`.
+fn describe_hardware(o: &mut String, h: &crate::hardware::HardwareSpec) {
+    let (g, gb) = (&h.gpu, |x: f64| x / 1e9);
+    let _ = writeln!(
+        o,
+        "    GPU: {:.1} GiB, {:.0} GB/s memory, {:.1} TFLOP/s peak (efficiency {} compute, {} \
+         memory); PCIe {:.1} GB/s, NVLink {:.1} GB/s per direction",
+        g.memory_bytes as f64 / GIB as f64,
+        gb(g.memory_bandwidth),
+        g.peak_flops / 1e12,
+        g.compute_efficiency,
+        g.memory_efficiency,
+        gb(h.pcie.bandwidth),
+        gb(h.nvlink.bandwidth)
+    );
+    let _ = writeln!(
+        o,
+        "    node: {:.0} GiB host memory at {:.1} GB/s; {} x {:.0} GB SSD; {} x {:.0} Gb/s NICs, \
+         {} switch hops",
+        h.host.memory_bytes as f64 / GIB as f64,
+        gb(h.host.memory_bandwidth),
+        h.ssd.drives,
+        h.ssd.capacity_bytes_per_drive as f64 / 1e9,
+        h.network.nics_per_node,
+        h.network.nic.bandwidth * 8.0 / 1e9,
+        h.network.switch_hops
+    );
+}
+
 fn describe_serving(s: &Scenario) -> String {
     let mut o = String::new();
     let inst = s.serving.instance;
@@ -364,6 +393,7 @@ fn describe_serving(s: &Scenario) -> String {
         s.instances(),
         s.serving.tensor_parallel
     );
+    describe_hardware(&mut o, &s.hardware);
     let _ = writeln!(
         o,
         "  model: {} ({:.2} GiB of weights, {} KiB of KV per token)",

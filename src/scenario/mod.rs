@@ -10,6 +10,7 @@
 //! syntax error also gives the line and column. Unknown keys are errors, so a misspelt key or
 //! a key with the wrong unit (`memory_gb` for `memory_gib`) is caught, not ignored.
 
+pub(crate) mod catalogue;
 pub(crate) mod fault;
 pub(crate) mod hardware;
 pub(crate) mod sweep;
@@ -194,10 +195,15 @@ impl Check<'_> {
         l: &RawLink,
         efficiency: f64,
     ) -> Result<LinkSpec, ScenarioError> {
+        let bandwidth = hardware::need(
+            self,
+            &format!("{key}.bandwidth_gb_per_s"),
+            l.bandwidth_gb_per_s,
+        )?;
+        let latency = hardware::need(self, &format!("{key}.latency_ns"), l.latency_ns)?;
         Ok(LinkSpec {
-            bandwidth: self.positive(&format!("{key}.bandwidth_gb_per_s"), l.bandwidth_gb_per_s)?
-                * GB,
-            latency: self.latency(&format!("{key}.latency_ns"), l.latency_ns)?,
+            bandwidth: self.positive(&format!("{key}.bandwidth_gb_per_s"), bandwidth)? * GB,
+            latency: self.latency(&format!("{key}.latency_ns"), latency)?,
             efficiency: self.fraction(
                 &format!("{key}.efficiency"),
                 l.efficiency.unwrap_or(efficiency),
