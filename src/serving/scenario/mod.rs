@@ -39,6 +39,12 @@ pub struct Serving {
     /// `kv-aware` routing: weight of the blocks to prefill against the load (see
     /// [`crate::serving::kv_routing`]).
     pub kv_overlap_weight: f64,
+    /// `kv-aware` routing: credits of blocks the store can load from host memory and from SSD
+    /// (see [`crate::serving::router::kv_index`]).
+    pub kv_host_credit: f64,
+    pub kv_disk_credit: f64,
+    /// `kv-aware` routing: how long KV events are gathered before they are published.
+    pub kv_event_interval: Nanos,
     pub instance: InstanceConfig,
     pub iteration_overhead: Nanos,
     /// `serving.profile`: the file, and the fitted iteration model that prices iterations
@@ -509,10 +515,28 @@ fn serving(
             format!("expected a number from 0 to 1e6, found {w}"),
         ));
     }
+    for (key, v) in [
+        ("serving.kv_host_credit", s.kv_host_credit),
+        ("serving.kv_disk_credit", s.kv_disk_credit),
+    ] {
+        if !(v.is_finite() && (0.0..=1.0).contains(&v)) {
+            return Err(c.err(key, format!("expected a number from 0 to 1, found {v}")));
+        }
+    }
+    let interval = s.kv_event_interval_ms;
+    if !(interval.is_finite() && (0.0..=3.6e6).contains(&interval)) {
+        return Err(c.err(
+            "serving.kv_event_interval_ms",
+            format!("expected a number of milliseconds from 0 to 3600000, found {interval}"),
+        ));
+    }
     Ok(Serving {
         tensor_parallel: tp,
         router: s.router,
         kv_overlap_weight: w,
+        kv_host_credit: s.kv_host_credit,
+        kv_disk_credit: s.kv_disk_credit,
+        kv_event_interval: Nanos((interval * 1e6).round() as u64),
         instance: InstanceConfig {
             block_size,
             num_blocks,
