@@ -272,6 +272,9 @@ impl ServerSpec {
 
 /// An actor a node builds.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+// Built once per actor when a run starts, and sent once to a node: boxing the larger variant
+// would save nothing that matters.
+#[allow(clippy::large_enum_variant)]
 pub enum ActorSpec {
     Instance(InstanceSpec),
     Server(ServerSpec),

@@ -108,9 +108,9 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use running::Running;
-use spare::Spare;
 #[cfg(test)]
 use spare::MAX_SPARE;
+use spare::Spare;
 
 use super::kv::{Blocks, GpuPool};
 use super::kv_events::KvPublisher;

@@ -301,11 +301,11 @@ impl KvIndex {
         self.hashes = hashes;
         let b = self.hashes.len() as f64;
         let mut best: Option<(f64, usize, usize)> = None;
-        for i in 0..self.gpu.len() {
+        for (i, set) in self.gpu.iter().enumerate() {
             if !alive[i] {
                 continue;
             }
-            let h = self.gpu_hit(i, &self.hashes);
+            let h = set.overlap(&self.hashes);
             let prefill = b - h as f64 - self.credited(i, &self.hashes, h);
             let cost = self.credits.overlap_weight * prefill + self.active[i] as f64;
             if best.is_none_or(|(c, _, _)| cost < c) {
