@@ -10,6 +10,12 @@
 //! and 9 a block); a batch sent by an actor that crashes before it leaves is lost with it, and
 //! one on a slow or cut link is late, as the fault model has every message. Nothing is
 //! published for any other router: their runs have no event traffic at all.
+//!
+//! **Order.** Events keep the order their actor made them. The LRU pool evicts a chain from its
+//! last block, and publishes its removals so (last to first): a router never sees a prefix cut
+//! at its head while its tail is still held. The LFU and S3-FIFO pools (`gpu_eviction`) remove
+//! in their own order, block by block, as they evict; the directory's drops come as its
+//! eviction makes them.
 
 use crate::actor::{ActorId, Context};
 use crate::serving::Msg;
