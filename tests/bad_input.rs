@@ -265,19 +265,33 @@ fn a_read_lease_must_be_finite_non_negative_and_at_most_an_hour() {
 }
 
 #[test]
-fn a_kv_overlap_weight_must_be_finite_and_non_negative() {
-    for v in ["-1.0", "nan", "inf", "1e7"] {
-        let text =
-            small_text().replace("[serving]", &format!("[serving]\nkv_overlap_weight = {v}"));
-        assert_rejected(
-            &text,
-            "serving.kv_overlap_weight",
-            "expected a number from 0 to 1e6",
-        );
+fn router_keys_out_of_range_and_unknown_routers_are_rejected_with_their_key() {
+    let text = small_text().replace("router = \"least-loaded\"", "router = \"kv-events\"");
+    let why = "unknown variant `kv-events`, expected one of `round-robin`, `least-loaded`, \
+               `kv-aware`, `kv-approx`";
+    assert_rejected(&text, "serving.router", why);
+    let in_serving = |line: &str| small_text().replace("[serving]", &format!("[serving]\n{line}"));
+    let (credit, ms) = ("from 0 to 1", "a number of milliseconds from 0 to 3600000");
+    for (key, bad, why) in [
+        (
+            "kv_overlap_weight",
+            ["-1.0", "nan", "inf", "1e7"],
+            "from 0 to 1e6",
+        ),
+        ("kv_host_credit", ["-0.5", "nan", "inf", "1.5"], credit),
+        ("kv_disk_credit", ["-0.5", "nan", "inf", "1.5"], credit),
+        ("kv_event_interval_ms", ["-1.0", "nan", "inf", "1e9"], ms),
+    ] {
+        for v in bad {
+            let text = in_serving(&format!("{key} = {v}"));
+            assert_rejected(&text, &format!("serving.{key}"), why);
+        }
     }
-    let text = small_text().replace("router = \"least-loaded\"", "router = \"kv-aware\"");
-    let o = meshsim("check", &text);
-    assert_eq!(o.status, 0, "{}", o.stderr);
+    for router in ["kv-aware", "kv-approx"] {
+        let line = format!("router = \"{router}\"\nkv_host_credit = 0\nkv_event_interval_ms = 5");
+        let text = small_text().replace("router = \"least-loaded\"", &line);
+        assert_eq!(meshsim("check", &text).status, 0);
+    }
 }
 
 /// `small.toml` with a `[workload.reuse]` table of `lines`.

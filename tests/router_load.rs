@@ -1,4 +1,4 @@
-//! The load term of the KV-aware router ([`KvRouting`]): an instance's load is the KV blocks
+//! The load term of the approximate KV router ([`KvRouting`]): an instance's load is the KV blocks
 //! of the requests the router sent it that have not ended, prompt *and* output tokens, and it
 //! falls again when a request finishes or is rejected. The router is driven message by
 //! message, and where it sends each request shows what it counted: the requests share one
@@ -68,13 +68,13 @@ fn trace(outputs: &[u32]) -> Arc<Trace> {
     })
 }
 
-/// A kv-aware router over two instances (actors 1 and 2) for `outputs`.
+/// A kv-approx router over two instances (actors 1 and 2) for `outputs`.
 fn router(outputs: &[u32]) -> (Router, Script) {
     let r = Router::new(
         trace(outputs),
         vec![ActorId(1), ActorId(2)],
         vec![0, 1],
-        RouterStrategy::KvAware,
+        RouterStrategy::KvApprox,
     )
     .with_kv(KvRouting::new(2, 1_000, BLOCK, 1.0));
     let ctx = Script {

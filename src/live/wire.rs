@@ -30,7 +30,7 @@ use crate::metrics::Report;
 /// The magic bytes that open every frame.
 pub const MAGIC: [u8; 4] = *b"MSHW";
 /// The version of the frame format and of every system's message encoding.
-pub const VERSION: u16 = 5;
+pub const VERSION: u16 = 6;
 /// Bytes before the body.
 pub const HEADER_BYTES: usize = 14;
 /// Bytes of a frame besides an actor message it delivers: the header and [`Frame::Deliver`]'s

@@ -19,6 +19,7 @@ use super::kv::prompt_hashes::PromptHashes;
 use super::kv_routing::KvRouting;
 use super::metadata::Metadata;
 use super::policy::{Policy, Scope, StoreRules};
+use super::router::kv_index::{Credits, KvIndex, StoreView};
 use super::router::{Router, RouterStrategy};
 use super::scenario::Scenario;
 use super::store::directory::{Directory, StoreParams};
@@ -31,6 +32,7 @@ use crate::hardware::Place;
 use crate::live::LiveError;
 use crate::model::cost::BatchShape;
 use crate::serving::chaos::Targets;
+use crate::units::Nanos;
 use crate::workload::{Trace, TraceError, WorkloadSpec, qa, replay};
 
 /// Builds the scenario's trace: generated, or loaded from its dataset or trace file. A
@@ -149,14 +151,18 @@ pub fn actors(
         s.serving.router,
     )
     .with_prompt_hashes(hashes.clone());
-    if s.serving.router == RouterStrategy::KvAware {
-        let cfg = &s.serving.instance;
-        router = router.with_kv(KvRouting::new(
-            n as usize,
-            cfg.num_blocks,
-            cfg.block_size,
-            s.serving.kv_overlap_weight,
-        ));
+    let cfg = &s.serving.instance;
+    match s.serving.router {
+        RouterStrategy::KvApprox => {
+            router = router.with_kv(KvRouting::new(
+                n as usize,
+                cfg.num_blocks,
+                cfg.block_size,
+                s.serving.kv_overlap_weight,
+            ));
+        }
+        RouterStrategy::KvAware => router = router.with_kv_index(kv_index(s, policy)),
+        RouterStrategy::RoundRobin | RouterStrategy::LeastLoaded => {}
     }
     let mut list: Placed = vec![(Box::new(router), Place::Frontend)];
     // Instances and store servers from their specs (the constructors a node uses too).
@@ -182,6 +188,9 @@ pub fn actors(
         let mut metadata = Metadata::new(dir, s.store.metadata_service, server_ids.clone());
         if memory.is_some() {
             metadata = metadata.with_bytes();
+        }
+        if s.serving.router.needs_kv_events() {
+            metadata = metadata.with_kv_events(router_id, s.serving.kv_event_interval);
         }
         debug_assert_eq!(list.len() as u32, metadata_id.0);
         list.push((Box::new(metadata), Place::Host { node: 0 }));
@@ -209,6 +218,8 @@ pub struct InstanceSpec {
     pub policy: Policy,
     /// How it reaches the store (store policies only).
     pub link: Option<StoreLink>,
+    /// Publishes KV events to the router, gathered over this interval (`kv-aware` only).
+    pub kv_events: Option<Nanos>,
 }
 
 impl InstanceSpec {
@@ -221,7 +232,7 @@ impl InstanceSpec {
         policy: Arc<Policy>,
         backend: Box<dyn BatchBackend>,
     ) -> Instance {
-        Instance::new(
+        let instance = Instance::new(
             self.index,
             self.router,
             trace,
@@ -230,7 +241,11 @@ impl InstanceSpec {
             self.link.clone(),
             backend,
         )
-        .with_prompt_hashes(hashes)
+        .with_prompt_hashes(hashes);
+        match self.kv_events {
+            Some(interval) => instance.with_kv_events(interval),
+            None => instance,
+        }
     }
 }
 
@@ -257,6 +272,9 @@ impl ServerSpec {
 
 /// An actor a node builds.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+// Built once per actor when a run starts, and sent once to a node: boxing the larger variant
+// would save nothing that matters.
+#[allow(clippy::large_enum_variant)]
 pub enum ActorSpec {
     Instance(InstanceSpec),
     Server(ServerSpec),
@@ -293,6 +311,11 @@ pub fn specs(s: &Scenario, policy: &Policy) -> Vec<(u32, ActorSpec, Place)> {
             config: s.serving.instance,
             policy: policy.clone(),
             link,
+            kv_events: s
+                .serving
+                .router
+                .needs_kv_events()
+                .then_some(s.serving.kv_event_interval),
         };
         out.push((1 + i, ActorSpec::Instance(spec), place));
     }
@@ -311,6 +334,37 @@ pub fn specs(s: &Scenario, policy: &Policy) -> Vec<(u32, ActorSpec, Place)> {
         }
     }
     out
+}
+
+/// The `kv-aware` router's index for `policy` on `s`: every instance's KV blocks, and under
+/// store policies how each instance names its tensors and how many the stores hold.
+fn kv_index(s: &Scenario, policy: &Policy) -> KvIndex {
+    let cfg = &s.serving.instance;
+    let credits = Credits {
+        overlap_weight: s.serving.kv_overlap_weight,
+        host: s.serving.kv_host_credit,
+        disk: s.serving.kv_disk_credit,
+    };
+    let store = policy.store_rules().map(|r| {
+        let namespaces = specs(s, policy)
+            .into_iter()
+            .filter_map(|(_, spec, _)| match spec {
+                ActorSpec::Instance(i) => Some(i.link.and_then(|l| l.namespace)),
+                ActorSpec::Server(_) => None,
+            })
+            .collect();
+        let tensor_bytes = (r.tensor_tokens as u64 * s.model.kv_bytes_per_token()).max(1);
+        let per_node = (r.host_capacity_bytes + r.ssd_capacity_bytes) / tensor_bytes;
+        let per = r.tensor_tokens / cfg.block_size;
+        StoreView::new(per, namespaces, per_node * u64::from(s.hardware.nodes))
+    });
+    KvIndex::new(
+        s.instances() as usize,
+        cfg.num_blocks,
+        cfg.block_size,
+        credits,
+        store,
+    )
 }
 
 /// The namespace of an instance's tensor ids under a store of `scope` (see

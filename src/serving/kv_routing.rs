@@ -1,13 +1,17 @@
-//! KV-aware routing (`router = "kv-aware"`): what the router knows of each instance's KV
-//! cache, and the score it picks by.
+//! Approximate KV-aware routing (`router = "kv-approx"`): what the router guesses of each
+//! instance's KV cache, and the score it picks by. (`kv-aware` routes on the KV events the
+//! instances and the store publish instead: [`crate::serving::router::kv_index`].)
 //!
 //! **What the router knows.** Only what it sent where, as the approximate prefix-tree routers
 //! of SGLang and llm-d's approximate prefix scorer do (no KV events from instances): for each
 //! instance, the chained hashes of the prompt blocks of the requests it sent there, as an LRU
 //! set bounded by the instance's KV capacity in blocks (`num_blocks`: more than that cannot be
-//! cached there). It is an estimate: the instance may have evicted blocks sooner (under
-//! pressure from running sequences), and a block counts as cached as soon as its request is
-//! sent.
+//! cached there). A prompt's blocks enter the set last first, so that its first block is its
+//! most recent and the set forgets a prompt from its tail: losing its head first would lose
+//! the whole prefix match while the rest is still held (the store directory and the GPU
+//! pool's events order their removals the same way). It is an estimate: the instance may have
+//! evicted blocks sooner (under pressure from running sequences), and a block counts as
+//! cached as soon as its request is sent.
 //!
 //! **The score** of instance `i` for a request of `B` prompt blocks, of which the leading `h_i`
 //! are in `i`'s set, is Dynamo's KV router cost
@@ -27,16 +31,17 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::hash::IdBuildHasher;
 
-/// The LRU set of prompt-block hashes the router believes one instance holds.
+/// The LRU set of prompt-block hashes the router believes one instance holds (here), or
+/// that an instance reported ([`crate::serving::router::kv_index`]).
 #[derive(Debug)]
-struct PrefixSet {
+pub(crate) struct PrefixSet {
     last_use: HashMap<u64, u64, IdBuildHasher>,
     by_use: BTreeMap<u64, u64>,
     capacity: usize,
 }
 
 impl PrefixSet {
-    fn new(capacity: usize) -> PrefixSet {
+    pub(crate) fn new(capacity: usize) -> PrefixSet {
         PrefixSet {
             last_use: HashMap::default(),
             by_use: BTreeMap::new(),
@@ -45,14 +50,38 @@ impl PrefixSet {
     }
 
     /// Leading `hashes` in the set.
-    fn overlap(&self, hashes: &[u64]) -> usize {
+    pub(crate) fn overlap(&self, hashes: &[u64]) -> usize {
         hashes
             .iter()
             .take_while(|h| self.last_use.contains_key(h))
             .count()
     }
 
-    fn touch(&mut self, hash: u64, tick: u64) {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.last_use.len()
+    }
+
+    /// Forgets `hash`; whether it was in the set.
+    pub(crate) fn remove(&mut self, hash: u64) -> bool {
+        match self.last_use.remove(&hash) {
+            Some(t) => {
+                self.by_use.remove(&t);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Forgets every hash.
+    pub(crate) fn clear(&mut self) {
+        self.last_use.clear();
+        self.by_use.clear();
+    }
+
+    /// Puts `hash` in the set as its most recent entry (`tick` must grow from call to call),
+    /// forgetting the least recent one when the set is over capacity.
+    pub(crate) fn touch(&mut self, hash: u64, tick: u64) {
         if let Some(old) = self.last_use.insert(hash, tick) {
             self.by_use.remove(&old);
         }
@@ -126,7 +155,9 @@ impl KvRouting {
     /// `blocks` KV blocks until it ends.
     pub fn sent(&mut self, i: usize, blocks: u64) {
         self.active[i] += blocks;
-        for k in 0..self.hashes.len() {
+        // Last block first, so that the first is the most recent: evictions take a prompt's
+        // tail before its head, and a set that lost some of a prompt still matches its head.
+        for k in (0..self.hashes.len()).rev() {
             self.tick += 1;
             self.sets[i].touch(self.hashes[k], self.tick);
         }
@@ -176,8 +207,17 @@ mod tests {
         kv.sent(0, 0);
         kv.pick(vec![7, 8], &[true]);
         kv.sent(0, 0);
-        // 5 hashes sent, room for 4: block 1 went first, so prompt [1, 2, 3] overlaps 0.
+        // 5 hashes sent, room for 4: the oldest went first, and of prompt [1, 2, 3] that is
+        // its last block (touched first), so its head still matches.
         assert_eq!(kv.sets[0].last_use.len(), 4);
+        assert_eq!(kv.sets[0].overlap(&[1, 2, 3]), 2);
+        assert_eq!(kv.sets[0].overlap(&[7, 8]), 2);
+        // Two more blocks: [1, 2] goes tail first, block 2 then block 1.
+        kv.pick(vec![9], &[true]);
+        kv.sent(0, 0);
+        assert_eq!(kv.sets[0].overlap(&[1, 2, 3]), 1);
+        kv.pick(vec![10], &[true]);
+        kv.sent(0, 0);
         assert_eq!(kv.sets[0].overlap(&[1, 2, 3]), 0);
         assert_eq!(kv.sets[0].overlap(&[7, 8]), 2);
         kv.lost(0);

@@ -18,7 +18,8 @@ use super::store::directory::{Directory, TensorId};
 use crate::actor::{Actor, ActorId, Context, Then, Work, unexpected};
 use crate::metrics::{Report, StoreReport};
 use crate::serving::Msg;
-use crate::serving::msg::Applied;
+use crate::serving::kv_events::KvPublisher;
+use crate::serving::msg::{Applied, KvEvent};
 use crate::units::Nanos;
 
 pub struct Metadata {
@@ -35,6 +36,8 @@ pub struct Metadata {
     bytes: bool,
     /// Losses learned of, by node: the epoch of each node's store in the plans it makes.
     node_losses: Vec<u32>,
+    /// Publishes the directory's changes to the router (`router = "kv-aware"` only).
+    kv_events: Option<KvPublisher>,
 }
 
 impl Metadata {
@@ -50,7 +53,16 @@ impl Metadata {
             down: Vec::new(),
             bytes: false,
             node_losses: vec![0; nodes],
+            kv_events: None,
         }
+    }
+
+    /// Publishes every change of the store's tiers to `router` as KV events, gathered over
+    /// `interval` (zero: after every request); see [`crate::serving::kv_events`].
+    pub fn with_kv_events(mut self, router: ActorId, interval: Nanos) -> Metadata {
+        self.dir.track_changes();
+        self.kv_events = Some(KvPublisher::new(router, None, interval));
+        self
     }
 
     /// The servers hold real bytes (the live host): every change of their holdings is sent
@@ -74,16 +86,25 @@ impl Metadata {
         self.losses += 1;
         self.lost(node);
         self.dir.lose_node(node);
+        if let Some(p) = &mut self.kv_events {
+            p.pending().push(KvEvent::StoreCleared(node));
+        }
         self.dispatch(None, ctx);
     }
 
     /// Sends each server its share of the directory's changes since the last call; the
     /// writer `written` (a node and the tensors its write brought) hears even of none.
+    /// The changes go to the router too, as KV events, when it asked for them.
     fn dispatch(&mut self, written: Option<(u32, &[TensorId])>, ctx: &mut dyn Context<Msg>) {
+        let changes = self.dir.changes();
+        if let Some(p) = &mut self.kv_events {
+            p.pending()
+                .extend(changes.iter().map(|&c| KvEvent::Store(c)));
+            p.publish(ctx);
+        }
         if !self.bytes {
             return;
         }
-        let changes = self.dir.changes();
         for (node, &server) in self.servers.iter().enumerate() {
             let node = node as u32;
             let mine: Vec<_> = changes
@@ -144,6 +165,11 @@ impl Actor<Msg> for Metadata {
                 }
             }
             Msg::StoreLost(node) => self.store_lost(node, ctx),
+            Msg::PublishKv => {
+                if let Some(p) = &mut self.kv_events {
+                    p.flush(ctx);
+                }
+            }
             Msg::Insert {
                 chain,
                 node,

@@ -13,6 +13,7 @@ pub mod chaos;
 pub mod cluster;
 pub mod instance;
 pub mod kv;
+pub mod kv_events;
 pub mod kv_routing;
 pub mod live;
 pub mod metadata;

@@ -84,6 +84,60 @@ pub enum Msg {
     /// To every actor of a run across processes: this actor was lost with its process and has
     /// been placed again, built anew with nothing of its state ([`crate::live::cluster`]).
     ActorLost(ActorId),
+    /// Instance or metadata service -> router (`router = "kv-aware"` only): blocks stored
+    /// and removed since the last batch, in the order they happened (see
+    /// [`crate::serving::router::kv_index`]).
+    KvEvents(Box<KvEvents>),
+    /// An actor's own timer: publish the KV events gathered since the last batch
+    /// (`serving.kv_event_interval_ms`).
+    PublishKv,
+}
+
+/// A batch of KV events (see [`Msg::KvEvents`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct KvEvents {
+    /// The instance whose GPU blocks they are about; `None` from the metadata service, about
+    /// the store's tiers.
+    pub instance: Option<u32>,
+    pub events: Vec<KvEvent>,
+}
+
+/// Bytes of a batch's header on the wire (sender, count, timestamp).
+pub const KV_EVENTS_HEADER_BYTES: u64 = 16;
+
+impl KvEvents {
+    /// Its size on the wire: the header and each event's.
+    pub fn bytes(&self) -> u64 {
+        KV_EVENTS_HEADER_BYTES + self.events.iter().map(KvEvent::bytes).sum::<u64>()
+    }
+}
+
+/// One KV event: vLLM's `BlockStored`, `BlockRemoved` and `AllBlocksCleared` for a GPU's
+/// blocks (one block hash each), and the store directory's changes for its tiers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum KvEvent {
+    /// The block of this chained hash is registered in the instance's GPU prefix cache.
+    Stored(u64),
+    /// The block of this hash was evicted from it.
+    Removed(u64),
+    /// The instance's GPU cache holds nothing any more.
+    Cleared,
+    /// A change to a store server's tiers (host memory, SSD, replicas).
+    Store(Change),
+    /// The store server of this node lost everything it held.
+    StoreCleared(u32),
+}
+
+impl KvEvent {
+    /// Bytes on the wire: a tag, and a block hash or tensor id (8 bytes), with its node (4).
+    pub fn bytes(&self) -> u64 {
+        match self {
+            KvEvent::Stored(_) | KvEvent::Removed(_) => 9,
+            KvEvent::Cleared => 1,
+            KvEvent::Store(_) => 13,
+            KvEvent::StoreCleared(_) => 5,
+        }
+    }
 }
 
 /// What a request generated on a real backend (see [`Msg::Output`]).

@@ -27,7 +27,7 @@ use ndarray::Array5;
 use serde::{Deserialize, Serialize};
 
 use super::Msg;
-use super::msg::{Applied, Completion, Lookup, Output};
+use super::msg::{Applied, Completion, KvEvents, Lookup, Output};
 use super::store::directory::{LoadPlan, TensorId};
 use super::store::memory::KvData;
 use crate::actor::ActorId;
@@ -67,6 +67,8 @@ enum WireMsg {
     Inject(u32),
     Output(Output),
     ActorLost(u32),
+    KvEvents(KvEvents),
+    PublishKv,
 }
 
 /// A store tensor's K/V on the wire (see the module doc).
@@ -205,6 +207,8 @@ fn to_wire(m: &Msg) -> WireMsg {
         Msg::Inject(i) => WireMsg::Inject(*i),
         Msg::Output(o) => WireMsg::Output((**o).clone()),
         Msg::ActorLost(a) => WireMsg::ActorLost(a.0),
+        Msg::KvEvents(e) => WireMsg::KvEvents((**e).clone()),
+        Msg::PublishKv => WireMsg::PublishKv,
     }
 }
 
@@ -258,6 +262,8 @@ fn from_wire(w: WireMsg) -> Result<Msg, WireError> {
         WireMsg::Inject(i) => Msg::Inject(i),
         WireMsg::Output(o) => Msg::Output(Box::new(o)),
         WireMsg::ActorLost(a) => Msg::ActorLost(ActorId(a)),
+        WireMsg::KvEvents(e) => Msg::KvEvents(Box::new(e)),
+        WireMsg::PublishKv => Msg::PublishKv,
     })
 }
 
@@ -319,6 +325,7 @@ pub fn largest_message(max_prompt: u64, tensor_tokens: u64, kv_bytes_per_token_f
 mod tests {
     use super::*;
     use crate::metrics::Tier;
+    use crate::serving::msg::KvEvent;
     use crate::serving::store::directory::{Change, LoadGroup, Location};
     use proptest::prelude::*;
 
@@ -418,6 +425,17 @@ mod tests {
                 first_logits: vec![0.25, -1.5, f32::MAX],
             })),
             Msg::ActorLost(ActorId(9)),
+            Msg::KvEvents(Box::new(KvEvents {
+                instance: Some(2),
+                events: vec![
+                    KvEvent::Stored(u64::MAX),
+                    KvEvent::Removed(7),
+                    KvEvent::Cleared,
+                    KvEvent::Store(Change::Demoted { node: 1, id: 8 }),
+                    KvEvent::StoreCleared(3),
+                ],
+            })),
+            Msg::PublishKv,
         ]
     }
 

@@ -108,8 +108,12 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use running::Running;
+#[cfg(test)]
+use spare::MAX_SPARE;
+use spare::Spare;
 
 use super::kv::{Blocks, GpuPool};
+use super::kv_events::KvPublisher;
 use super::msg::{Completion, Lookup, Msg, Output};
 use crate::actor::{Actor, ActorId, Context, Hot, Medium, Work, unexpected};
 use crate::backend::{BatchBackend, LoadItem, Member, Sampled};
@@ -315,6 +319,8 @@ pub struct Instance {
     stale_loads: BTreeMap<ReqId, u32>,
     /// Load groups that failed (their source lost its memory mid-read).
     failed_loads: u64,
+    /// Publishes its GPU cache's KV events (`router = "kv-aware"` only; see [`events`]).
+    kv_events: Option<KvPublisher>,
 }
 
 /// Most sequences an instance makes room for in its batch when it is built (`max_num_seqs` if
@@ -324,68 +330,6 @@ pub struct Instance {
 /// (`malloc_consolidate`): at cluster scale, with thousands of instances, those merges are a
 /// visible part of a run.
 const RUNNING_RESERVE: u32 = 64;
-
-/// Most buffers an instance keeps for reuse. An instance admits a few requests between two
-/// that finish, so a few cover them; the bound keeps what waits small.
-const MAX_SPARE: usize = 4;
-
-/// Buffers that finished requests leave for the next ones: a new request's block list and
-/// cold record reuse one instead of allocating, and the memory they land in is likely still
-/// in the cache (at cluster scale, a fresh allocation is a cold one, and its free at the end
-/// of the request another miss). (A request's hashes are shared arrays, see
-/// [`crate::serving::kv::prompt_hashes`]: nothing to reuse.)
-#[derive(Debug, Default)]
-struct Spare {
-    blocks: Vec<Blocks>,
-    /// Kept records, `colds[..n_colds]`, boxed as the sequences hold them: a kept record goes back
-    /// to a sequence as it is. In place, not in a list of their own: [`Spare::hint`] reads the
-    /// pointer of the one it asks for, and in a list's buffer that read would be a cache miss of
-    /// its own at every submission at cluster scale, where the instance's own lines are asked for
-    /// before its event.
-    colds: [Option<Box<Cold>>; MAX_SPARE],
-    n_colds: usize,
-}
-
-impl Spare {
-    /// Keeps the buffers of `seq`, which finished and released its blocks. A real backend's
-    /// block list keeps its capacity for the request's most blocks and is not kept.
-    fn keep(&mut self, mut seq: Seq, real: bool) {
-        if !real && self.blocks.len() < MAX_SPARE && seq.blocks.is_empty() {
-            self.blocks.push(std::mem::take(&mut seq.blocks));
-        }
-        if self.n_colds < MAX_SPARE {
-            // Its hashes go now, as they did with the request (the arrays are shared).
-            seq.cold.hashes = ChainHashes::default();
-            self.colds[self.n_colds] = Some(seq.cold);
-            self.n_colds += 1;
-        }
-    }
-
-    /// A cold record as new (`Cold::default()`), reusing a kept one's lists.
-    fn cold(&mut self) -> Box<Cold> {
-        let Some(mut c) = self.n_colds.checked_sub(1).and_then(|i| {
-            self.n_colds = i;
-            self.colds[i].take()
-        }) else {
-            return Box::default();
-        };
-        let (mut chain, mut replicate, mut out) = (
-            std::mem::take(&mut c.chain),
-            std::mem::take(&mut c.replicate),
-            std::mem::take(&mut c.out),
-        );
-        chain.clear();
-        replicate.clear();
-        out.clear();
-        *c = Cold {
-            chain,
-            replicate,
-            out,
-            ..Cold::default()
-        };
-        c
-    }
-}
 
 impl Instance {
     pub fn new(
@@ -431,6 +375,7 @@ impl Instance {
             stale_loads: BTreeMap::new(),
             real: backend.real(),
             spare: Spare::default(),
+            kv_events: None,
             backend,
         }
     }
@@ -565,6 +510,10 @@ impl Instance {
 }
 
 impl Actor<Msg> for Instance {
+    fn start(&mut self, ctx: &mut dyn Context<Msg>) {
+        self.kv_cleared(ctx);
+    }
+
     fn handle(&mut self, msg: Msg, ctx: &mut dyn Context<Msg>) {
         if self.crashed {
             return;
@@ -574,6 +523,7 @@ impl Actor<Msg> for Instance {
             Msg::WorkDone => self.work_done(ctx),
             Msg::LookupReply(req, plan, losses) => self.lookup_reply(req, *plan, losses, ctx),
             Msg::Crash => self.crashed = true,
+            Msg::PublishKv => self.kv_timer(ctx),
             Msg::NodeDown(node) | Msg::StoreLost(node) => self.store_lost(node, ctx),
             Msg::Loaded(req) => self.loaded(req, ctx),
             Msg::LoadFailed(req) => self.load_failed(req, ctx),
@@ -639,7 +589,9 @@ impl Actor<Msg> for Instance {
 }
 
 mod check;
+mod events;
 mod schedule;
+mod spare;
 mod store;
 #[cfg(test)]
 mod tests;

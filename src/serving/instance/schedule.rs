@@ -19,6 +19,9 @@ impl Instance {
         if !preempted {
             self.admit(&mut budget, &mut shape, ctx);
         }
+        // The step's KV events (the last iteration's registrations, this plan's evictions)
+        // leave with it, as vLLM's scheduler publishes those it took from its pool.
+        self.publish_kv(ctx);
         if shape.is_empty() {
             return;
         }

@@ -8,6 +8,7 @@ use super::ordered::OrderedPool;
 use super::prompt_hashes::ChainHashes;
 use crate::actor::Hot;
 use crate::metrics::PoolStats;
+use crate::serving::msg::KvEvent;
 
 /// The order in which the GPU prefix cache evicts free registered blocks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -124,6 +125,27 @@ impl GpuPool {
         from: usize,
     ) {
         each!(self, p => p.register_all(blocks, hashes, upto, from))
+    }
+
+    /// From now on, the pool keeps the blocks it registers and evicts as KV events, for
+    /// [`Self::take_events`].
+    pub fn publish_events(&mut self) {
+        match self {
+            GpuPool::Lru(p) => p.events = Some(Vec::new()),
+            GpuPool::Ordered(p) => p.events = Some(Vec::new()),
+        }
+    }
+
+    /// The KV events since the last call (none unless [`Self::publish_events`]), moved into
+    /// `out`.
+    pub fn take_events(&mut self, out: &mut Vec<KvEvent>) {
+        let events = match self {
+            GpuPool::Lru(p) => p.events.as_mut(),
+            GpuPool::Ordered(p) => p.events.as_mut(),
+        };
+        if let Some(e) = events {
+            out.append(e);
+        }
     }
 
     /// Checks the pool's invariants.

@@ -7,6 +7,7 @@ use super::prompt_hashes::ChainHashes;
 use super::segments::{Run, Seg, Starts};
 use super::*;
 use crate::metrics::PoolStats;
+use crate::serving::msg::KvEvent;
 
 /// A fixed pool of KV blocks.
 #[derive(Clone, Debug)]
@@ -34,6 +35,9 @@ pub struct BlockPool {
     /// Without caching: free touched blocks, most recently released last.
     pub(super) stack: Vec<BlockId>,
     pub stats: PoolStats,
+    /// With KV events on ([`super::GpuPool::publish_events`]): the blocks registered and
+    /// evicted since they were last taken, in order.
+    pub(super) events: Option<Vec<KvEvent>>,
 }
 
 impl BlockPool {
@@ -67,6 +71,7 @@ impl BlockPool {
                 Vec::with_capacity(num_blocks as usize)
             },
             stats: PoolStats::default(),
+            events: None,
         }
     }
 
@@ -302,6 +307,12 @@ impl BlockPool {
                 let seg = &mut self.segs[s as usize];
                 debug_assert_eq!(seg.len(), hi, "a segment's top run holds its last blocks");
                 let kept = (hi - c) as usize;
+                if let Some(events) = &mut self.events {
+                    // Last position first: the chain is never cut at its head while its tail
+                    // is still published.
+                    let gone = (kept as u32..hi).rev();
+                    events.extend(gone.filter_map(|p| seg.get(p)).map(KvEvent::Removed));
+                }
                 if keep {
                     out.extend(seg.ids[kept..].iter().rev());
                     seg.ids.truncate(kept);

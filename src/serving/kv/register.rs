@@ -5,6 +5,7 @@ use super::blocks::{Blocks, Piece};
 use super::prompt_hashes::ChainHashes;
 use super::segments::Seg;
 use super::*;
+use crate::serving::msg::KvEvent;
 
 impl BlockPool {
     /// Registers the sequence's blocks under `hashes.get(i)` (its prompt's chain from its
@@ -46,6 +47,9 @@ impl BlockPool {
             // past its end, or start a segment there).
             let j = self.starts.next(i + 1, upto);
             let k = (j - i) as u32;
+            if let Some(events) = &mut self.events {
+                events.extend((i..j).map(|x| KvEvent::Stored(hashes.get(x))));
+            }
             let seg = &mut self.segs[s as usize];
             // Holding the whole segment, the sequence's chain agrees with it at its positions,
             // so its chain serves as the segment's from now on.

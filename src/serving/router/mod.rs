@@ -4,7 +4,9 @@
 //! Assignment strategies: `round-robin` cycles through the instances; `least-loaded` picks the
 //! instance with the fewest requests the router has sent it that are not yet finished (ties go
 //! to the lowest index); `kv-aware` weighs the prompt blocks each instance would have to
-//! prefill against its load ([`super::kv_routing`]). The router only knows what it has been
+//! prefill, less those it holds in GPU memory or can load from the store, as the KV events
+//! it received tell ([`kv_index`]), against its load; `kv-approx` weighs them likewise but
+//! guesses what each instance holds from what it sent there ([`super::kv_routing`]). The router only knows what it has been
 //! told by messages, as a real router would. Arrivals are chained timers (one pending at a
 //! time), so the event queue holds the requests in flight, not the whole trace.
 //!
@@ -28,6 +30,7 @@ use crate::actor::{Actor, ActorId, Context, unexpected};
 use crate::metrics::{Report, RequestRecord};
 use crate::units::Nanos;
 use crate::workload::{ReqId, Trace};
+use kv_index::KvIndex;
 
 /// How the router picks an instance.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
@@ -35,7 +38,17 @@ use crate::workload::{ReqId, Trace};
 pub enum RouterStrategy {
     RoundRobin,
     LeastLoaded,
+    /// On the KV events of instances and store ([`kv_index`]).
     KvAware,
+    /// On what the router sent where ([`KvRouting`]).
+    KvApprox,
+}
+
+impl RouterStrategy {
+    /// Whether instances and the store publish KV events for this router.
+    pub fn needs_kv_events(self) -> bool {
+        self == RouterStrategy::KvAware
+    }
 }
 
 /// Bytes per token id on the wire.
@@ -76,8 +89,12 @@ pub struct Router {
     failovers: u64,
     /// Its records went into a report (see [`Router::report`]).
     reported: bool,
-    /// What the router knows of each instance's KV cache (`kv-aware` only).
+    /// What the router guesses of each instance's KV cache (`kv-approx` only).
     kv: Option<KvRouting>,
+    /// What the KV events told the router (`kv-aware` only).
+    index: Option<KvIndex>,
+    /// Tests: drop every `k`-th batch of KV events, and say what was scored.
+    seam: Option<Box<EventSeam>>,
     /// The prompts' block hashes (`kv-aware` only; a memo shared by the actors).
     hashes: Option<Arc<PromptHashes>>,
     /// Real backends: what each completed request generated ([`Msg::Output`]), by request.
@@ -120,16 +137,61 @@ impl Router {
             failovers: 0,
             reported: false,
             kv: None,
+            index: None,
+            seam: None,
             hashes: None,
             outputs: BTreeMap::new(),
             streamed_again: BTreeSet::new(),
         }
     }
 
-    /// Routes by [`KvRouting`]'s score (the strategy must be `kv-aware`).
+    /// Routes by [`KvRouting`]'s score (the strategy must be `kv-approx`).
     pub fn with_kv(mut self, kv: KvRouting) -> Router {
         self.kv = Some(kv);
         self
+    }
+
+    /// Routes by [`KvIndex`]'s score (the strategy must be `kv-aware`).
+    pub fn with_kv_index(mut self, index: KvIndex) -> Router {
+        self.index = Some(index);
+        self
+    }
+
+    /// Tests: the router drops every `k`-th batch of KV events it receives (from 1: every
+    /// batch), counting their blocks, and logs the GPU hit it scored for each request.
+    #[doc(hidden)]
+    pub fn with_event_loss(mut self, k: u32) -> Router {
+        self.seam = Some(Box::new(EventSeam {
+            every: k.max(1),
+            ..EventSeam::default()
+        }));
+        self
+    }
+
+    /// Tests: what [`Self::with_event_loss`] kept.
+    #[doc(hidden)]
+    pub fn event_seam(&self) -> Option<&EventSeam> {
+        self.seam.as_deref()
+    }
+
+    /// A batch of KV events arrived; those of an instance that is down are stale.
+    fn kv_events(&mut self, batch: &super::msg::KvEvents, now: Nanos) {
+        let Some(index) = &mut self.index else {
+            return;
+        };
+        if let Some(i) = batch.instance
+            && self.alive.get(i as usize) != Some(&true)
+        {
+            return;
+        }
+        if let Some(seam) = &mut self.seam {
+            seam.batches += 1;
+            if seam.batches.is_multiple_of(u64::from(seam.every)) {
+                seam.dropped.push((now, batch.clone()));
+                return;
+            }
+        }
+        index.apply(batch);
     }
 
     /// Takes the prompts' block hashes from `hashes` (shared with the other actors).
@@ -148,15 +210,19 @@ impl Router {
     fn pick(&mut self, req: ReqId) -> Option<usize> {
         let n = self.instances.len();
         match self.strategy {
-            RouterStrategy::KvAware if self.kv.is_some() => {
+            RouterStrategy::KvApprox if self.kv.is_some() => {
                 let kv = self.kv.as_mut().expect("checked");
-                let mut hashes = Vec::new();
-                let block_size = kv.block_size() as usize;
-                match &self.hashes {
-                    Some(memo) => memo.block_hashes(req, block_size, &mut hashes),
-                    None => self.trace.block_hashes(req, block_size, &mut hashes),
-                }
+                let hashes = prompt_hashes(&self.trace, &self.hashes, req, kv.block_size());
                 kv.pick(hashes, &self.alive)
+            }
+            RouterStrategy::KvAware if self.index.is_some() => {
+                let index = self.index.as_mut().expect("checked");
+                let hashes = prompt_hashes(&self.trace, &self.hashes, req, index.block_size());
+                let picked = index.pick(hashes, &self.alive);
+                if let (Some(seam), Some(i)) = (&mut self.seam, picked) {
+                    seam.scored.push((req, i as u32, index.last_gpu_hit()));
+                }
+                picked
             }
             RouterStrategy::RoundRobin => {
                 // Bounded: at most one round over the instances.
@@ -169,13 +235,14 @@ impl Router {
                 }
                 None
             }
-            RouterStrategy::LeastLoaded | RouterStrategy::KvAware => self
-                .outstanding
-                .iter()
-                .enumerate()
-                .filter(|&(i, _)| self.alive[i])
-                .min_by_key(|&(i, &n)| (n, i))
-                .map(|(i, _)| i),
+            RouterStrategy::LeastLoaded | RouterStrategy::KvAware | RouterStrategy::KvApprox => {
+                self.outstanding
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, _)| self.alive[i])
+                    .min_by_key(|&(i, &n)| (n, i))
+                    .map(|(i, _)| i)
+            }
         }
     }
 
@@ -188,6 +255,9 @@ impl Router {
         let record = &mut self.records[req.0 as usize];
         if let Some(kv) = &mut self.kv {
             kv.sent(i, kv.blocks(record.prompt_tokens, record.output_tokens));
+        }
+        if let Some(index) = &mut self.index {
+            index.sent(i, index.blocks(record.prompt_tokens, record.output_tokens));
         }
         self.outstanding[i] += 1;
         self.in_flight += 1;
@@ -202,6 +272,10 @@ impl Router {
     fn node_down(&mut self, node: u32, ctx: &mut dyn Context<Msg>) {
         // The records say which requests have streamed or ended.
         self.flush();
+        // Its store server went with it (its instances' sets go in `empty_instance`).
+        if let Some(index) = &mut self.index {
+            index.store_cleared(node);
+        }
         let mut moved = Vec::new();
         for i in 0..self.instances.len() {
             if self.nodes[i] != node || !self.alive[i] {
@@ -229,6 +303,9 @@ impl Router {
     fn empty_instance(&mut self, i: usize) -> Vec<(ReqId, bool)> {
         if let Some(kv) = &mut self.kv {
             kv.lost(i);
+        }
+        if let Some(index) = &mut self.index {
+            index.lost(i);
         }
         let held = self
             .records
@@ -287,9 +364,12 @@ impl Router {
             Some(n) if *n > 0 && self.in_flight > 0 => {
                 *n -= 1;
                 self.in_flight -= 1;
+                let r = &self.records[req.0 as usize];
                 if let Some(kv) = &mut self.kv {
-                    let r = &self.records[req.0 as usize];
                     kv.ended(instance, kv.blocks(r.prompt_tokens, r.output_tokens));
+                }
+                if let Some(index) = &mut self.index {
+                    index.ended(instance, index.blocks(r.prompt_tokens, r.output_tokens));
                 }
             }
             _ => unexpected(
@@ -360,6 +440,7 @@ impl Actor<Msg> for Router {
                 self.outputs.insert(o.req.0, *o);
             }
             Msg::Output(_) => {}
+            Msg::KvEvents(batch) => self.kv_events(&batch, ctx.now()),
             Msg::ActorLost(a) => {
                 if let Some(i) = self.instances.iter().position(|&x| x == a) {
                     self.instance_lost(i, ctx);
@@ -430,6 +511,33 @@ impl Actor<Msg> for Router {
     }
 }
 
+/// What the router's test seam kept ([`Router::with_event_loss`]).
+#[derive(Debug, Default)]
+pub struct EventSeam {
+    every: u32,
+    batches: u64,
+    /// The batches dropped, with when they came, in order.
+    pub dropped: Vec<(Nanos, super::msg::KvEvents)>,
+    /// For each dispatch of `kv-aware`: the request, the instance and the GPU-hit blocks
+    /// scored for it.
+    pub scored: Vec<(ReqId, u32, u32)>,
+}
+
+/// The block hashes of `req`'s prompt, from the memo when there is one.
+fn prompt_hashes(
+    trace: &Trace,
+    memo: &Option<Arc<PromptHashes>>,
+    req: ReqId,
+    block_size: u32,
+) -> Vec<u64> {
+    let mut hashes = Vec::new();
+    match memo {
+        Some(memo) => memo.block_hashes(req, block_size as usize, &mut hashes),
+        None => trace.block_hashes(req, block_size as usize, &mut hashes),
+    }
+    hashes
+}
+
 /// Writes first tokens and ends of requests (in the order they came) into their records.
 fn write_pending(
     records: &mut [RequestRecord],
@@ -450,5 +558,6 @@ fn write_pending(
     }
 }
 
+pub mod kv_index;
 #[cfg(test)]
 mod tests;

@@ -39,6 +39,12 @@ pub struct Serving {
     /// `kv-aware` routing: weight of the blocks to prefill against the load (see
     /// [`crate::serving::kv_routing`]).
     pub kv_overlap_weight: f64,
+    /// `kv-aware` routing: credits of blocks the store can load from host memory and from SSD
+    /// (see [`crate::serving::router::kv_index`]).
+    pub kv_host_credit: f64,
+    pub kv_disk_credit: f64,
+    /// `kv-aware` routing: how long KV events are gathered before they are published.
+    pub kv_event_interval: Nanos,
     pub instance: InstanceConfig,
     pub iteration_overhead: Nanos,
     /// `serving.profile`: the file, and the fitted iteration model that prices iterations
@@ -435,6 +441,35 @@ fn model(c: &Check, m: &RawModel) -> Result<ModelConfig, ScenarioError> {
     }
 }
 
+/// The KV routers' keys of `[serving]`: the overlap weight, the tier credits and the event
+/// interval.
+fn kv_routing(c: &Check, s: &RawServing) -> Result<(f64, f64, f64, Nanos), ScenarioError> {
+    let w = s.kv_overlap_weight;
+    if !(w.is_finite() && (0.0..=1e6).contains(&w)) {
+        return Err(c.err(
+            "serving.kv_overlap_weight",
+            format!("expected a number from 0 to 1e6, found {w}"),
+        ));
+    }
+    for (key, v) in [
+        ("serving.kv_host_credit", s.kv_host_credit),
+        ("serving.kv_disk_credit", s.kv_disk_credit),
+    ] {
+        if !(v.is_finite() && (0.0..=1.0).contains(&v)) {
+            return Err(c.err(key, format!("expected a number from 0 to 1, found {v}")));
+        }
+    }
+    let ms = s.kv_event_interval_ms;
+    if !(ms.is_finite() && (0.0..=3.6e6).contains(&ms)) {
+        return Err(c.err(
+            "serving.kv_event_interval_ms",
+            format!("expected a number of milliseconds from 0 to 3600000, found {ms}"),
+        ));
+    }
+    let interval = Nanos((ms * 1e6).round() as u64);
+    Ok((w, s.kv_host_credit, s.kv_disk_credit, interval))
+}
+
 /// The `[serving]` table: tensor parallelism, the KV block pool that fits beside the weights
 /// (`num_blocks`, see [`crate::serving::instance`]), batching limits and the router.
 fn serving(
@@ -502,17 +537,14 @@ fn serving(
             ),
         ));
     }
-    let w = s.kv_overlap_weight;
-    if !(w.is_finite() && (0.0..=1e6).contains(&w)) {
-        return Err(c.err(
-            "serving.kv_overlap_weight",
-            format!("expected a number from 0 to 1e6, found {w}"),
-        ));
-    }
+    let (w, host, disk, interval) = kv_routing(c, s)?;
     Ok(Serving {
         tensor_parallel: tp,
         router: s.router,
         kv_overlap_weight: w,
+        kv_host_credit: host,
+        kv_disk_credit: disk,
+        kv_event_interval: interval,
         instance: InstanceConfig {
             block_size,
             num_blocks,

@@ -160,8 +160,15 @@ pub struct RawServing {
     pub memory_reserve_gib: f64,
     pub iteration_overhead_us: f64,
     pub max_waiting_requests: u32,
-    /// `kv-aware` routing's weight of the blocks to prefill against the load.
+    /// `kv-aware` and `kv-approx` routing's weight of the blocks to prefill against the load.
     pub kv_overlap_weight: f64,
+    /// `kv-aware` routing's credit of a block the store can load from host memory, and from
+    /// SSD, against a GPU hit's 1.
+    pub kv_host_credit: f64,
+    pub kv_disk_credit: f64,
+    /// `kv-aware` routing: how long instances and the store gather KV events before they
+    /// publish them (0: every engine step).
+    pub kv_event_interval_ms: f64,
     /// A measured profile of the serving batch backend (`meshsim profile --serving`), relative
     /// to the scenario file: iterations are priced by it instead of the roofline.
     pub profile: Option<String>,
@@ -183,6 +190,9 @@ impl Default for RawServing {
             iteration_overhead_us: 1000.0,
             max_waiting_requests: 100_000,
             kv_overlap_weight: 1.0,
+            kv_host_credit: 0.8,
+            kv_disk_credit: 0.8,
+            kv_event_interval_ms: 0.0,
             profile: None,
             shared_device: false,
         }

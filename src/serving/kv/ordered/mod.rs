@@ -64,6 +64,7 @@ use super::prompt_hashes::ChainHashes;
 use super::{BlockId, GpuEviction, NONE};
 use crate::hash::IdBuildHasher;
 use crate::metrics::PoolStats;
+use crate::serving::msg::KvEvent;
 use crate::serving::store::eviction::{Eviction, EvictionQueue};
 
 /// A touched block.
@@ -112,6 +113,8 @@ pub struct OrderedPool {
     /// Releases of registered blocks so far (LFU's clock of last use).
     tick: u64,
     pub stats: PoolStats,
+    /// With KV events on: the blocks registered and evicted since they were last taken.
+    pub(crate) events: Option<Vec<KvEvent>>,
 }
 
 impl OrderedPool {
@@ -139,6 +142,7 @@ impl OrderedPool {
             free_cached: 0,
             tick: 0,
             stats: PoolStats::default(),
+            events: None,
         }
     }
 
@@ -265,6 +269,9 @@ impl OrderedPool {
             .remove(&h)
             .expect("an evicted hash is registered");
         self.blocks[b as usize] = Block::default();
+        if let Some(events) = &mut self.events {
+            events.push(KvEvent::Removed(h));
+        }
         self.free_cached -= 1;
         self.stats.evictions += 1;
         b
@@ -324,6 +331,9 @@ impl OrderedPool {
                 continue;
             }
             self.index.insert(h, b);
+            if let Some(events) = &mut self.events {
+                events.push(KvEvent::Stored(h));
+            }
             let blk = &mut self.blocks[b as usize];
             debug_assert!(blk.refs > 0, "a sequence holds the blocks it registers");
             (blk.hash, blk.hits) = (Some(h), 1);

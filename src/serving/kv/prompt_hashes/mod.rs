@@ -2,7 +2,7 @@
 //!
 //! [`Trace::block_hashes`] folds every prompt token into the chain of block hashes: about
 //! 4,000 multiplies for a SQuAD prompt, at every instance a request reaches and again at a
-//! `kv-aware` router. But prompts are made of segments that many prompts share (a system
+//! KV router. But prompts are made of segments that many prompts share (a system
 //! prompt and a context before a question), and the hashes of the blocks before the last
 //! segment depend only on the segments before it. So the state of the chain after every
 //! segment but the last (the hashes of its full blocks, and the partial block's hash in the
