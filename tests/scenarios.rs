@@ -5,6 +5,18 @@ use std::path::Path;
 use meshsim::Scenario;
 use meshsim::pipeline::scenario::{PipelineScenario, is_pipeline};
 
+/// The policies of study_network (the first six) and study_load (all).
+const LOAD_CHOICES: [&str; 8] = [
+    "vanilla",
+    "local-prefix",
+    "evostore",
+    "ptstore",
+    "evostore-when-faster",
+    "ptstore-when-faster",
+    "vllm-offload",
+    "mooncake-store",
+];
+
 #[test]
 fn every_bundled_scenario_validates() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
@@ -59,25 +71,9 @@ fn every_bundled_scenario_validates() {
                 "lru-tinylfu",
             ]
         } else if stem == "study_network" {
-            &[
-                "vanilla",
-                "local-prefix",
-                "evostore",
-                "ptstore",
-                "evostore-when-faster",
-                "ptstore-when-faster",
-            ]
+            &LOAD_CHOICES[..6]
         } else if stem == "study_load" {
-            &[
-                "vanilla",
-                "local-prefix",
-                "evostore",
-                "ptstore",
-                "evostore-when-faster",
-                "ptstore-when-faster",
-                "vllm-offload",
-                "mooncake-store",
-            ]
+            &LOAD_CHOICES
         } else {
             &["vanilla", "local-prefix", "evostore", "ptstore"]
         };

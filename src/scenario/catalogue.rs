@@ -39,24 +39,27 @@ fn nodes() -> BTreeMap<String, RawHardware> {
 
 /// The GPU entry `name`, named at `key`.
 pub(crate) fn gpu(c: &Check, key: &str, name: &str) -> Result<GpuEntry, ScenarioError> {
-    let mut all = gpus();
-    all.remove(name).ok_or_else(|| {
-        let known: Vec<&String> = all.keys().collect();
-        c.err(
-            key,
-            format!("no GPU preset {name:?}; the catalogue has {known:?}"),
-        )
-    })
+    entry(c, key, name, "GPU", gpus())
 }
 
 /// The node entry `name`, named at `key`.
 pub(crate) fn node(c: &Check, key: &str, name: &str) -> Result<RawHardware, ScenarioError> {
-    let mut all = nodes();
+    entry(c, key, name, "node", nodes())
+}
+
+/// Entry `name` of `all` (a `what` preset), or an error at `key` listing the entries.
+fn entry<T>(
+    c: &Check,
+    key: &str,
+    name: &str,
+    what: &str,
+    mut all: BTreeMap<String, T>,
+) -> Result<T, ScenarioError> {
     all.remove(name).ok_or_else(|| {
         let known: Vec<&String> = all.keys().collect();
         c.err(
             key,
-            format!("no node preset {name:?}; the catalogue has {known:?}"),
+            format!("no {what} preset {name:?}; the catalogue has {known:?}"),
         )
     })
 }
