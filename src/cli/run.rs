@@ -201,6 +201,7 @@ fn run_all(
         share: None,
         board: watched.then_some(&*board),
         spool: spool.as_ref(),
+        check_every: None,
     };
     let runs = x.run_watched(threads, &opts);
     display.stop();
@@ -366,6 +367,7 @@ fn simulate_share_runs(
         share: Some(share),
         board: Some(&board),
         spool: Some(spool),
+        check_every: None,
     };
     let runs = meshsim::serving::sim::simulate_share(s, threads, &opts);
     display.stop();

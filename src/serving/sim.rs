@@ -213,7 +213,7 @@ pub fn simulate_all(
             index: 0,
         })
         .collect();
-    run_jobs(&jobs, threads, None)
+    run_jobs(&jobs, threads, None, DEFAULT_CHECK_EVERY)
         .into_iter()
         .map(|r| {
             r.map_err(|e| match e {
@@ -243,6 +243,7 @@ fn run_jobs(
     jobs: &[Job],
     threads: usize,
     spool: Option<&Spool>,
+    check_every: u64,
 ) -> Vec<Result<PolicyRun, RunError>> {
     // The most costly first (requests times the policy's cost), so that two threads end
     // together rather than one starting a long job as the other finishes; a stable sort, so
@@ -260,7 +261,7 @@ fn run_jobs(
             j.scenario,
             j.trace.clone(),
             j.policy,
-            DEFAULT_CHECK_EVERY,
+            check_every,
             j.progress.clone(),
         );
         if let Some(pr) = &j.progress {
@@ -305,6 +306,9 @@ pub struct RunOptions<'a> {
     pub board: Option<&'a Board>,
     /// Where each finished simulation's request rows go.
     pub spool: Option<&'a Spool<'a>>,
+    /// Actor events between invariant checks of every actor; `None`: [`DEFAULT_CHECK_EVERY`]
+    /// (checks are read-only: results do not depend on it).
+    pub check_every: Option<u64>,
 }
 
 /// Like [`simulate_experiment`], with [`RunOptions`]: each run comes back with its index in
@@ -351,7 +355,8 @@ pub fn simulate_share(
         i += sc.policies.len();
     }
     let index: Vec<usize> = jobs.iter().map(|j| j.index).collect();
-    run_jobs(&jobs, threads, o.spool)
+    let check_every = o.check_every.unwrap_or(DEFAULT_CHECK_EVERY);
+    run_jobs(&jobs, threads, o.spool, check_every)
         .into_iter()
         .zip(index)
         .map(|(r, i)| r.map(|r| (i, r)))
