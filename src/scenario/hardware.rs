@@ -15,7 +15,7 @@ pub const MAX_GPUS: u32 = 65_536;
 /// `[hardware]`. Every figure may come from a preset of the catalogue
 /// ([`super::catalogue`]): `preset` names a node, `gpu.preset` a GPU; a key written here
 /// replaces the preset's.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawHardware {
     pub preset: Option<String>,
@@ -198,17 +198,7 @@ pub(crate) fn gpu_spec(c: &Check, key: &str, g: &RawGpu) -> Result<GpuSpec, Scen
 /// keys over the GPU preset's (named by `gpu.preset`, or else by the node preset's GPU),
 /// over the node preset's.
 pub(crate) fn resolve(c: &Check, h: &RawHardware) -> Result<RawHardware, ScenarioError> {
-    let own = RawHardware {
-        preset: h.preset.clone(),
-        nodes: h.nodes,
-        gpus_per_node: h.gpus_per_node,
-        gpu: h.gpu.clone(),
-        host: h.host.clone(),
-        ssd: h.ssd.clone(),
-        pcie: h.pcie.clone(),
-        nvlink: h.nvlink.clone(),
-        network: h.network.clone(),
-    };
+    let own = h.clone();
     let node = match &h.preset {
         Some(name) => catalogue::node(c, "hardware.preset", name)?,
         None => RawHardware::default(),

@@ -96,13 +96,68 @@ impl PrefixSet {
     }
 }
 
+/// The KV blocks (prompt and output) of the requests the router sent to each instance that
+/// have not ended: the load term of both KV routers' cost (this one's and
+/// [`super::router::kv_index`]'s).
+#[derive(Debug)]
+pub(crate) struct ActiveBlocks {
+    active: Vec<u64>,
+    block_size: u32,
+}
+
+impl ActiveBlocks {
+    pub(crate) fn new(instances: usize, block_size: u32) -> ActiveBlocks {
+        ActiveBlocks {
+            active: vec![0; instances],
+            block_size,
+        }
+    }
+
+    pub(crate) fn block_size(&self) -> u32 {
+        self.block_size
+    }
+
+    /// The KV blocks a request of these sizes holds at most.
+    pub(crate) fn blocks(&self, prompt_tokens: u32, output_tokens: u32) -> u64 {
+        (prompt_tokens + output_tokens).div_ceil(self.block_size) as u64
+    }
+
+    pub(crate) fn sent(&mut self, i: usize, blocks: u64) {
+        self.active[i] += blocks;
+    }
+
+    pub(crate) fn ended(&mut self, i: usize, blocks: u64) {
+        self.active[i] = self.active[i].saturating_sub(blocks);
+    }
+
+    pub(crate) fn reset(&mut self, i: usize) {
+        self.active[i] = 0;
+    }
+
+    /// The live instance of least `overlap_weight x prefill(i) + active_i`; ties go to the
+    /// lowest index.
+    pub(crate) fn cheapest(
+        &self,
+        alive: &[bool],
+        overlap_weight: f64,
+        mut prefill: impl FnMut(usize) -> f64,
+    ) -> Option<usize> {
+        let mut best: Option<(f64, usize)> = None;
+        for i in (0..self.active.len()).filter(|&i| alive[i]) {
+            let cost = overlap_weight * prefill(i) + self.active[i] as f64;
+            if best.is_none_or(|(c, _)| cost < c) {
+                best = Some((cost, i));
+            }
+        }
+        best.map(|(_, i)| i)
+    }
+}
+
 /// The router's view of every instance's KV cache.
 #[derive(Debug)]
 pub struct KvRouting {
     sets: Vec<PrefixSet>,
-    /// KV blocks of the requests in flight at each instance.
-    active: Vec<u64>,
-    block_size: u32,
+    active: ActiveBlocks,
     overlap_weight: f64,
     tick: u64,
     hashes: Vec<u64>,
@@ -115,8 +170,7 @@ impl KvRouting {
             sets: (0..instances)
                 .map(|_| PrefixSet::new(num_blocks as usize))
                 .collect(),
-            active: vec![0; instances],
-            block_size,
+            active: ActiveBlocks::new(instances, block_size),
             overlap_weight,
             tick: 0,
             hashes: Vec::new(),
@@ -124,37 +178,29 @@ impl KvRouting {
     }
 
     pub fn block_size(&self) -> u32 {
-        self.block_size
+        self.active.block_size()
     }
 
     /// The KV blocks a request of these sizes holds at most.
     pub fn blocks(&self, prompt_tokens: u32, output_tokens: u32) -> u64 {
-        (prompt_tokens + output_tokens).div_ceil(self.block_size) as u64
+        self.active.blocks(prompt_tokens, output_tokens)
     }
 
     /// The cheapest instance among those `alive` for a prompt whose block hashes are
     /// `hashes` (kept for [`Self::sent`]).
     pub fn pick(&mut self, hashes: Vec<u64>, alive: &[bool]) -> Option<usize> {
         self.hashes = hashes;
-        let b = self.hashes.len() as f64;
-        let mut best: Option<(f64, usize)> = None;
-        for (i, set) in self.sets.iter().enumerate() {
-            if !alive[i] {
-                continue;
-            }
-            let prefill = b - set.overlap(&self.hashes) as f64;
-            let cost = self.overlap_weight * prefill + self.active[i] as f64;
-            if best.is_none_or(|(c, _)| cost < c) {
-                best = Some((cost, i));
-            }
-        }
-        best.map(|(_, i)| i)
+        let (sets, hashes) = (&self.sets, &self.hashes);
+        let b = hashes.len() as f64;
+        self.active.cheapest(alive, self.overlap_weight, |i| {
+            b - sets[i].overlap(hashes) as f64
+        })
     }
 
     /// The request whose hashes were last given to [`Self::pick`] went to `i`, holding
     /// `blocks` KV blocks until it ends.
     pub fn sent(&mut self, i: usize, blocks: u64) {
-        self.active[i] += blocks;
+        self.active.sent(i, blocks);
         // Last block first, so that the first is the most recent: evictions take a prompt's
         // tail before its head, and a set that lost some of a prompt still matches its head.
         for k in (0..self.hashes.len()).rev() {
@@ -165,14 +211,13 @@ impl KvRouting {
 
     /// A request of `blocks` KV blocks at `i` ended (finished, rejected or failed over).
     pub fn ended(&mut self, i: usize, blocks: u64) {
-        self.active[i] = self.active[i].saturating_sub(blocks);
+        self.active.ended(i, blocks);
     }
 
     /// Instance `i` is gone: nothing of its cache remains.
     pub fn lost(&mut self, i: usize) {
-        let cap = self.sets[i].capacity;
-        self.sets[i] = PrefixSet::new(cap);
-        self.active[i] = 0;
+        self.sets[i].clear();
+        self.active.reset(i);
     }
 }
 

@@ -162,6 +162,12 @@ pub struct StoreLink {
     pub namespace: Option<u64>,
 }
 
+/// The store's id of the tensor whose chunk ends with the block of hash `last`, named within
+/// `namespace` (see [`StoreLink::namespace`]).
+pub fn tensor_id(namespace: Option<u64>, last: u64) -> crate::serving::store::directory::TensorId {
+    namespace.map_or(last, |n| crate::hash::mix(last, n))
+}
+
 /// A request in the instance. `repr(C)` and 64-byte aligned, with what every iteration reads and
 /// writes of every running sequence (its counters, its load, the pointer to its cold part and its
 /// block count) in the first 64 bytes: an iteration over a batch of hundreds touches one cache line
@@ -449,8 +455,7 @@ impl Instance {
             // A tensor's id is the hash of the last block of its chunk (hashes are chained).
             let per = (st.tensor_tokens / self.cfg.block_size) as usize;
             let hashes = &seq.cold.hashes;
-            let ns = st.namespace;
-            let id = |h: u64| ns.map_or(h, |n| crate::hash::mix(h, n));
+            let id = |h: u64| tensor_id(st.namespace, h);
             (seq.cold.chain).extend((1..=hashes.len() / per).map(|c| id(hashes.get(c * per - 1))));
             let gpu_blocks = if self.look_in_gpu {
                 self.pool

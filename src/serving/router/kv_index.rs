@@ -57,7 +57,7 @@
 use std::collections::HashMap;
 
 use crate::hash::IdBuildHasher;
-use crate::serving::kv_routing::PrefixSet;
+use crate::serving::kv_routing::{ActiveBlocks, PrefixSet};
 use crate::serving::msg::{KvEvent, KvEvents};
 use crate::serving::store::directory::{Change, TensorId};
 
@@ -194,9 +194,7 @@ impl StoreView {
 pub struct KvIndex {
     gpu: Vec<PrefixSet>,
     tick: u64,
-    /// KV blocks of the requests in flight at each instance.
-    active: Vec<u64>,
-    block_size: u32,
+    active: ActiveBlocks,
     credits: Credits,
     store: Option<StoreView>,
     hashes: Vec<u64>,
@@ -219,8 +217,7 @@ impl KvIndex {
                 .map(|_| PrefixSet::new(num_blocks as usize))
                 .collect(),
             tick: 0,
-            active: vec![0; instances],
-            block_size,
+            active: ActiveBlocks::new(instances, block_size),
             credits,
             store,
             hashes: Vec::new(),
@@ -229,12 +226,12 @@ impl KvIndex {
     }
 
     pub fn block_size(&self) -> u32 {
-        self.block_size
+        self.active.block_size()
     }
 
     /// The KV blocks a request of these sizes holds at most.
     pub fn blocks(&self, prompt_tokens: u32, output_tokens: u32) -> u64 {
-        (prompt_tokens + output_tokens).div_ceil(self.block_size) as u64
+        self.active.blocks(prompt_tokens, output_tokens)
     }
 
     /// Applies a batch of events, in order. Events about an instance the index does not know
@@ -285,7 +282,7 @@ impl KvIndex {
         // Bounded by the prompt's chunks.
         while (k + 1) * s.per <= hashes.len() {
             let last = hashes[(k + 1) * s.per - 1];
-            let id = ns.map_or(last, |n| crate::hash::mix(last, n));
+            let id = crate::serving::instance::tensor_id(ns, last);
             let Some(c) = s.credit(id, &self.credits) else {
                 break;
             };
@@ -299,23 +296,18 @@ impl KvIndex {
     /// `hashes` (kept for [`Self::sent`]).
     pub fn pick(&mut self, hashes: Vec<u64>, alive: &[bool]) -> Option<usize> {
         self.hashes = hashes;
-        let b = self.hashes.len() as f64;
-        let mut best: Option<(f64, usize, usize)> = None;
-        for (i, set) in self.gpu.iter().enumerate() {
-            if !alive[i] {
-                continue;
-            }
-            let h = set.overlap(&self.hashes);
-            let prefill = b - h as f64 - self.credited(i, &self.hashes, h);
-            let cost = self.credits.overlap_weight * prefill + self.active[i] as f64;
-            if best.is_none_or(|(c, _, _)| cost < c) {
-                best = Some((cost, i, h));
-            }
+        let hashes = &self.hashes;
+        let b = hashes.len() as f64;
+        let picked = self
+            .active
+            .cheapest(alive, self.credits.overlap_weight, |i| {
+                let h = self.gpu[i].overlap(hashes);
+                b - h as f64 - self.credited(i, hashes, h)
+            });
+        if let Some(i) = picked {
+            self.last_gpu_hit = self.gpu[i].overlap(hashes) as u32;
         }
-        best.map(|(_, i, h)| {
-            self.last_gpu_hit = h as u32;
-            i
-        })
+        picked
     }
 
     /// The GPU-hit blocks the last pick scored for the instance it picked.
@@ -325,18 +317,18 @@ impl KvIndex {
 
     /// A request of `blocks` KV blocks went to `i`.
     pub fn sent(&mut self, i: usize, blocks: u64) {
-        self.active[i] += blocks;
+        self.active.sent(i, blocks);
     }
 
     /// A request of `blocks` KV blocks at `i` ended (finished, rejected or failed over).
     pub fn ended(&mut self, i: usize, blocks: u64) {
-        self.active[i] = self.active[i].saturating_sub(blocks);
+        self.active.ended(i, blocks);
     }
 
     /// Instance `i` is gone: nothing of its cache remains.
     pub fn lost(&mut self, i: usize) {
         self.gpu[i].clear();
-        self.active[i] = 0;
+        self.active.reset(i);
     }
 
     /// The store server of `node` holds nothing any more.
